@@ -1,0 +1,363 @@
+//! The append-side state machine: which event may follow which in a run's log.
+//!
+//! The guard holds only what validation needs (states, open message ids, tool call
+//! states, pending plans), never message text: an open message keeps the length and a
+//! running FNV-1a hash of its text, enough to check `message.end.text` against what was
+//! streamed without holding the text itself.
+//!
+//! Its maps are persistent (`imbl`), so cloning a guard is O(1). The append path applies
+//! a batch to a clone and keeps the clone only when the whole batch passed and the
+//! transaction committed; a rejected batch leaves the original untouched.
+//!
+//! The guard also *resolves* events: a delta without `message_id` belongs to the current
+//! open message of its run or child, opened implicitly when there is none. That
+//! resolution is returned to the caller so the projection uses the very same rule.
+
+use imbl::{HashMap as PMap, Vector};
+
+use super::event::EventBody;
+use super::lifecycle::RunState;
+use crate::error::{ErrorCode, Rejection};
+
+/// Who is appending: producers may not write service-only events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// An agent runtime over HTTP or GraphQL.
+    Producer,
+    /// The service itself (plan decisions, control mutations).
+    Service,
+}
+
+/// What an event refers to once implicit rules are applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// Nothing to resolve.
+    None,
+    /// The event belongs to this message.
+    Message {
+        /// The message id (producer-given, or `msg-<seq>` when opened implicitly).
+        id: String,
+        /// True when this event opened the message implicitly.
+        implicit: bool,
+    },
+}
+
+#[derive(Debug, Clone, Default)]
+struct ScopeState {
+    state: Option<RunState>,
+    /// Open message ids, most recently opened last: the last is "the current open message".
+    open: Vector<String>,
+    pending_plan: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Msg {
+    Open { text_len: usize, text_hash: u64 },
+    Closed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tool {
+    Running,
+    Ended,
+}
+
+type Scope = Option<String>;
+
+/// Validation state of one run's log after `last_seq` events.
+#[derive(Debug, Clone)]
+pub struct RunGuard {
+    last_seq: i64,
+    scopes: PMap<Scope, ScopeState>,
+    messages: PMap<(Scope, String), Msg>,
+    tools: PMap<(Scope, String), Tool>,
+}
+
+impl Default for RunGuard {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(FNV_PRIME);
+    }
+    h
+}
+
+impl RunGuard {
+    /// The guard of a run with no events.
+    pub fn new() -> Self {
+        let mut scopes = PMap::new();
+        scopes.insert(None, ScopeState::default());
+        RunGuard { last_seq: 0, scopes, messages: PMap::new(), tools: PMap::new() }
+    }
+
+    /// Seq of the last event applied.
+    pub fn last_seq(&self) -> i64 {
+        self.last_seq
+    }
+
+    /// The run's own lifecycle state (`None` until its first `run.lifecycle`).
+    pub fn state(&self) -> Option<RunState> {
+        self.scopes.get(&None).and_then(|s| s.state)
+    }
+
+    /// Checks `body` as the event at `seq` and, if it is legal, records it.
+    ///
+    /// On error the guard may be partly updated; callers apply batches to a clone.
+    pub fn apply(
+        &mut self,
+        seq: i64,
+        child_id: Option<&str>,
+        body: &EventBody,
+        origin: Origin,
+    ) -> Result<Resolution, Rejection> {
+        let scope: Scope = child_id.map(str::to_owned);
+        self.check_open(&scope)?;
+        let res = match body {
+            EventBody::Lifecycle(p) => {
+                let st = self.scope_mut(&scope);
+                if !RunState::can_move(st.state, p.state) {
+                    let from = st.state.map_or("new", RunState::as_str);
+                    let allowed: Vec<&str> =
+                        RunState::successors(st.state).iter().map(|s| s.as_str()).collect();
+                    return Err(Rejection::new(
+                        ErrorCode::LifecycleIllegal,
+                        format!(
+                            "{} cannot move from `{from}` to `{}`; allowed next states: {}",
+                            scope_name(&scope),
+                            p.state,
+                            if allowed.is_empty() { "none".to_owned() } else { allowed.join(", ") }
+                        ),
+                    ));
+                }
+                st.state = Some(p.state);
+                if p.state.is_terminal() {
+                    // Later events of this scope are refused by check_open, so open
+                    // messages need no closing here; the projection marks them interrupted.
+                    st.open.clear();
+                    st.pending_plan = None;
+                }
+                Resolution::None
+            }
+            EventBody::MessageStart(p) => {
+                let key = (scope.clone(), p.message_id.clone());
+                if self.messages.contains_key(&key) {
+                    return Err(Rejection::new(
+                        ErrorCode::MessageDuplicate,
+                        format!("message `{}` was already started", p.message_id),
+                    ));
+                }
+                self.messages.insert(key, Msg::Open { text_len: 0, text_hash: FNV_OFFSET });
+                self.scope_mut(&scope).open.push_back(p.message_id.clone());
+                Resolution::Message { id: p.message_id.clone(), implicit: false }
+            }
+            EventBody::TextDelta(p) | EventBody::ReasoningDelta(p) => {
+                let (id, implicit) = self.delta_target(seq, &scope, p.message_id.as_deref())?;
+                if let EventBody::TextDelta(_) = body {
+                    if let Some(Msg::Open { text_len, text_hash }) =
+                        self.messages.get_mut(&(scope.clone(), id.clone()))
+                    {
+                        *text_len += p.text.len();
+                        *text_hash = fnv1a(*text_hash, p.text.as_bytes());
+                    }
+                }
+                Resolution::Message { id, implicit }
+            }
+            EventBody::MessageEnd(p) => {
+                let id = match &p.message_id {
+                    Some(id) => id.clone(),
+                    None => self.scope_mut(&scope).open.last().cloned().ok_or_else(|| {
+                        Rejection::new(
+                            ErrorCode::MessageUnknown,
+                            format!("`message.end` without message_id, but {} has no open message", scope_name(&scope)),
+                        )
+                    })?,
+                };
+                let key = (scope.clone(), id.clone());
+                match self.messages.get(&key) {
+                    None => {
+                        return Err(Rejection::new(
+                            ErrorCode::MessageUnknown,
+                            format!("message `{id}` was never started"),
+                        ))
+                    }
+                    Some(Msg::Closed) => return Err(ended_message(&id)),
+                    Some(Msg::Open { text_len, text_hash }) => {
+                        if let Some(text) = &p.text {
+                            // With no streamed text the end's text *is* the content (a
+                            // non-streaming producer); otherwise it must match exactly.
+                            if *text_len > 0
+                                && (*text_len != text.len() || *text_hash != fnv1a(FNV_OFFSET, text.as_bytes()))
+                            {
+                                return Err(Rejection::new(
+                                    ErrorCode::MessageTextMismatch,
+                                    format!(
+                                        "`message.end.text` of `{id}` ({} bytes) differs from the {text_len} bytes of text streamed for it",
+                                        text.len()
+                                    ),
+                                ));
+                            }
+                        }
+                    }
+                }
+                self.messages.insert(key, Msg::Closed);
+                let open = &mut self.scope_mut(&scope).open;
+                if let Some(pos) = open.iter().position(|m| *m == id) {
+                    open.remove(pos);
+                }
+                Resolution::Message { id, implicit: false }
+            }
+            EventBody::ToolStart(p) => {
+                let key = (scope.clone(), p.call_id.clone());
+                if self.tools.contains_key(&key) {
+                    return Err(Rejection::new(
+                        ErrorCode::ToolDuplicateCall,
+                        format!("tool call `{}` was already started", p.call_id),
+                    ));
+                }
+                self.tools.insert(key, Tool::Running);
+                Resolution::None
+            }
+            EventBody::ToolProgress(p) => {
+                self.running_tool(&scope, &p.call_id, "tool.progress")?;
+                Resolution::None
+            }
+            EventBody::ToolEnd(p) => {
+                self.running_tool(&scope, &p.call_id, "tool.end")?;
+                self.tools.insert((scope.clone(), p.call_id.clone()), Tool::Ended);
+                Resolution::None
+            }
+            EventBody::ChildSpawn(p) => {
+                let child: Scope = Some(p.child_id.clone());
+                if self.scopes.contains_key(&child) {
+                    return Err(Rejection::new(
+                        ErrorCode::ChildDuplicate,
+                        format!("child `{}` was already spawned", p.child_id),
+                    ));
+                }
+                self.scopes.insert(child, ScopeState::default());
+                Resolution::None
+            }
+            EventBody::PlanProposal(p) => {
+                self.scope_mut(&scope).pending_plan = Some(p.plan.id.clone());
+                Resolution::None
+            }
+            EventBody::PlanDecision(p) => {
+                if origin == Origin::Producer {
+                    return Err(Rejection::new(
+                        ErrorCode::Reserved,
+                        "`plan.decision` is written by the service when a user decides; use the approvePlan / rejectPlan mutations",
+                    ));
+                }
+                let st = self.scope_mut(&scope);
+                if st.pending_plan.as_deref() != Some(p.plan_id.as_str()) {
+                    return Err(Rejection::new(
+                        ErrorCode::PlanNotPending,
+                        format!("plan `{}` is not awaiting a decision", p.plan_id),
+                    ));
+                }
+                st.pending_plan = None;
+                Resolution::None
+            }
+            EventBody::StepBoundary(_)
+            | EventBody::CompactionStart(_)
+            | EventBody::CompactionEnd(_)
+            | EventBody::Custom { .. } => Resolution::None,
+        };
+        self.last_seq = seq;
+        Ok(res)
+    }
+
+    /// Refuses anything after the run, or the event's child, reached a terminal state.
+    fn check_open(&self, scope: &Scope) -> Result<(), Rejection> {
+        if let Some(st) = self.state().filter(|s| s.is_terminal()) {
+            return Err(Rejection::new(
+                ErrorCode::RunClosed,
+                format!("the run ended with state `{st}`; nothing can be appended after it"),
+            ));
+        }
+        if let Some(child) = scope {
+            match self.scopes.get(scope) {
+                None => {
+                    return Err(Rejection::new(
+                        ErrorCode::ChildUnknown,
+                        format!("child `{child}` was never spawned; send `child.spawn` first"),
+                    ))
+                }
+                Some(ScopeState { state: Some(st), .. }) if st.is_terminal() => {
+                    return Err(Rejection::new(
+                        ErrorCode::RunClosed,
+                        format!("child `{child}` ended with state `{st}`; nothing can be appended to it"),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn scope_mut(&mut self, scope: &Scope) -> &mut ScopeState {
+        // check_open guarantees the scope exists; the root always does.
+        self.scopes.entry(scope.clone()).or_default()
+    }
+
+    /// Finds (or implicitly opens) the message a delta belongs to.
+    fn delta_target(
+        &mut self,
+        seq: i64,
+        scope: &Scope,
+        explicit: Option<&str>,
+    ) -> Result<(String, bool), Rejection> {
+        let id = match explicit {
+            Some(id) => match self.messages.get(&(scope.clone(), id.to_owned())) {
+                Some(Msg::Open { .. }) => return Ok((id.to_owned(), false)),
+                Some(Msg::Closed) => return Err(ended_message(id)),
+                None => id.to_owned(),
+            },
+            None => match self.scope_mut(scope).open.last() {
+                Some(id) => return Ok((id.clone(), false)),
+                None => format!("msg-{seq}"),
+            },
+        };
+        if self.messages.contains_key(&(scope.clone(), id.clone())) {
+            // Only reachable when a producer used our implicit id scheme themselves.
+            return Err(ended_message(&id));
+        }
+        self.messages
+            .insert((scope.clone(), id.clone()), Msg::Open { text_len: 0, text_hash: FNV_OFFSET });
+        self.scope_mut(scope).open.push_back(id.clone());
+        Ok((id, true))
+    }
+
+    fn running_tool(&self, scope: &Scope, call_id: &str, what: &str) -> Result<(), Rejection> {
+        match self.tools.get(&(scope.clone(), call_id.to_owned())) {
+            Some(Tool::Running) => Ok(()),
+            Some(Tool::Ended) => Err(Rejection::new(
+                ErrorCode::ToolCallEnded,
+                format!("`{what}` for tool call `{call_id}`, which already ended"),
+            )),
+            None => Err(Rejection::new(
+                ErrorCode::ToolUnknownCall,
+                format!("`{what}` for tool call `{call_id}`, which was never started"),
+            )),
+        }
+    }
+}
+
+fn ended_message(id: &str) -> Rejection {
+    Rejection::new(ErrorCode::MessageEnded, format!("message `{id}` already ended"))
+}
+
+fn scope_name(scope: &Scope) -> String {
+    match scope {
+        None => "the run".to_owned(),
+        Some(c) => format!("child `{c}`"),
+    }
+}

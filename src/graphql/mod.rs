@@ -1,0 +1,77 @@
+//! The GraphQL transport: schema, routes (`POST /graphql`, GraphiQL at `GET /graphql`)
+//! and the mapping of our errors into GraphQL's `errors[].extensions.code`.
+
+mod error;
+mod schema;
+
+use async_graphql::http::GraphiQLSource;
+use async_graphql::{EmptySubscription, Schema};
+use async_graphql_axum::{GraphQLRequest, GraphQLResponse};
+use axum::extract::State;
+use axum::response::{Html, IntoResponse};
+use axum::routing::get;
+use axum::Router;
+
+use crate::app::AppRef;
+use crate::http::extract::presented_key;
+pub use schema::{Mutation, Query};
+
+/// The executable schema.
+pub type AgentSchema = Schema<Query, Mutation, EmptySubscription>;
+
+/// Deepest query accepted.
+pub const MAX_DEPTH: usize = 12;
+/// Most expensive query accepted (async-graphql's default cost of 1 per field).
+pub const MAX_COMPLEXITY: usize = 2_000;
+
+/// Builds the schema (without per-request data).
+pub fn build_schema() -> AgentSchema {
+    Schema::build(Query, Mutation, EmptySubscription)
+        .limit_depth(MAX_DEPTH)
+        .limit_complexity(MAX_COMPLEXITY)
+        .finish()
+}
+
+/// The SDL the code defines; `graphql/schema.graphql` must equal it.
+pub fn sdl() -> String {
+    build_schema().sdl()
+}
+
+/// The caller of a GraphQL request, resolved before execution. Resolvers turn a failure
+/// into an error only when they need a caller, so GraphiQL can introspect without a key.
+pub(crate) type CallerResult = Result<crate::auth::Principal, crate::error::Rejection>;
+
+async fn graphql(State(app): State<AppRef>, req: axum::extract::Request) -> axum::response::Response {
+    let (parts, body) = req.into_parts();
+    let caller: CallerResult = match presented_key(&parts) {
+        Ok(key) => match app.authenticate(key.as_deref()).await {
+            Ok(p) => Ok(p),
+            Err(crate::error::Error::Rejected(r)) => Err(r),
+            Err(e) => return e.into_response(),
+        },
+        Err(crate::error::Error::Rejected(r)) => Err(r),
+        Err(e) => return e.into_response(),
+    };
+    let req = axum::extract::Request::from_parts(parts, body);
+    let gql = match <GraphQLRequest as axum::extract::FromRequest<()>>::from_request(req, &()).await {
+        Ok(r) => r.into_inner(),
+        Err(rej) => return rej.into_response(),
+    };
+    let schema = build_schema_cached();
+    let resp: GraphQLResponse = schema.execute(gql.data(app.clone()).data(caller)).await.into();
+    resp.into_response()
+}
+
+fn build_schema_cached() -> &'static AgentSchema {
+    static SCHEMA: std::sync::OnceLock<AgentSchema> = std::sync::OnceLock::new();
+    SCHEMA.get_or_init(build_schema)
+}
+
+async fn graphiql() -> impl IntoResponse {
+    Html(GraphiQLSource::build().endpoint("/graphql").finish())
+}
+
+/// `GET /graphql` (GraphiQL) and `POST /graphql`.
+pub fn routes() -> Router<AppRef> {
+    Router::new().route("/graphql", get(graphiql).post(graphql))
+}

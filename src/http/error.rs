@@ -1,0 +1,52 @@
+//! The one mapping from [`Error`] to an HTTP answer: status, `{"error": {...}}` body,
+//! and `Retry-After` / `WWW-Authenticate` where they apply. Server-side failures are
+//! logged with their cause and reach the client only as a generic message.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::error::{Error, ErrorCode};
+
+/// HTTP status for a code.
+pub fn status(code: ErrorCode) -> StatusCode {
+    use ErrorCode::*;
+    match code {
+        AuthMissing | AuthInvalid => StatusCode::UNAUTHORIZED,
+        AuthScope => StatusCode::FORBIDDEN,
+        RunNotFound | NotFound => StatusCode::NOT_FOUND,
+        RunClosed | SeqConflict | IdempotencyMismatch | AlreadyExists | PlanNotPending => StatusCode::CONFLICT,
+        BodyMalformed | EventMalformed | InvalidParameter | BatchEmpty | KeyRepeated => StatusCode::BAD_REQUEST,
+        UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        BodyTooLarge | BatchTooLarge | EventTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        UnknownType | InvalidPayload | Reserved | ToolUnknownCall | ToolDuplicateCall | ToolCallEnded
+        | MessageUnknown | MessageDuplicate | MessageEnded | MessageTextMismatch | LifecycleIllegal
+        | ChildUnknown | ChildDuplicate => StatusCode::UNPROCESSABLE_ENTITY,
+        Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let code = self.code();
+        let (message, index) = self.public_parts();
+        let mut body = json!({ "code": code.as_str(), "message": message });
+        if let Some(i) = index {
+            body["index"] = json!(i);
+        }
+        let mut resp = (status(code), Json(json!({ "error": body }))).into_response();
+        let headers = resp.headers_mut();
+        match code {
+            ErrorCode::Unavailable => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            ErrorCode::AuthMissing | ErrorCode::AuthInvalid => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        resp
+    }
+}

@@ -1,0 +1,97 @@
+//! Extractors that answer in our error format instead of axum's plain-text rejections.
+
+use axum::body::Body;
+use axum::extract::{FromRequestParts, Query};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap};
+use http_body_util::{BodyExt, Limited};
+use serde::de::DeserializeOwned;
+
+use crate::app::AppRef;
+use crate::auth::Principal;
+use crate::domain::Framing;
+use crate::error::{Error, ErrorCode, Result};
+
+/// The authenticated caller: `Authorization: Bearer <key>`, or `?access_token=` for
+/// browsers whose EventSource cannot set headers.
+pub struct Caller(pub Principal);
+
+/// The key a request presents, if any.
+pub fn presented_key(parts: &Parts) -> Result<Option<String>> {
+    if let Some(v) = parts.headers.get(header::AUTHORIZATION) {
+        let v = v.to_str().map_err(|_| bad_auth())?;
+        let key = v
+            .strip_prefix("Bearer ")
+            .or_else(|| v.strip_prefix("bearer "))
+            .ok_or_else(bad_auth)?;
+        return Ok(Some(key.trim().to_owned()));
+    }
+    // Browsers' EventSource cannot set headers, so streams accept the key in the URL.
+    let params = Query::<std::collections::HashMap<String, String>>::try_from_uri(&parts.uri)
+        .map(|q| q.0)
+        .unwrap_or_default();
+    Ok(params.get("access_token").cloned())
+}
+
+fn bad_auth() -> Error {
+    Error::reject(ErrorCode::AuthInvalid, "the Authorization header must be `Bearer <key>`")
+}
+
+impl FromRequestParts<AppRef> for Caller {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, app: &AppRef) -> Result<Self> {
+        let key = presented_key(parts)?;
+        Ok(Caller(app.authenticate(key.as_deref()).await?))
+    }
+}
+
+/// Query-string parameters, rejected with `PARAM-INVALID` and serde's explanation.
+pub struct Params<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Params<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self> {
+        Query::<T>::try_from_uri(&parts.uri)
+            .map(|q| Params(q.0))
+            .map_err(|e| Error::reject(ErrorCode::InvalidParameter, format!("invalid query string: {}", e.body_text())))
+    }
+}
+
+/// How an append body is framed, from its Content-Type.
+pub fn framing(headers: &HeaderMap) -> Result<Framing> {
+    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    match mime.as_str() {
+        "application/json" => Ok(Framing::Json),
+        "application/x-ndjson" | "application/ndjson" | "application/jsonl" | "application/x-jsonlines"
+        | "application/jsonlines" => Ok(Framing::Ndjson),
+        "" => Err(Error::reject(
+            ErrorCode::UnsupportedMediaType,
+            "missing Content-Type: send application/json (an array of events) or application/x-ndjson (one event per line)",
+        )),
+        other => Err(Error::reject(
+            ErrorCode::UnsupportedMediaType,
+            format!("Content-Type `{other}` is not accepted: send application/json or application/x-ndjson"),
+        )),
+    }
+}
+
+/// Reads a body of at most `limit` bytes. A declared Content-Length over the limit is
+/// refused before reading anything; an undeclared one is cut off at the limit.
+pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<bytes::Bytes> {
+    let too_large = || {
+        Error::reject(ErrorCode::BodyTooLarge, format!("the request body exceeds the limit of {limit} bytes"))
+    };
+    if let Some(len) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) {
+        if len > limit as u64 {
+            return Err(too_large());
+        }
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large()),
+        Err(e) => Err(Error::reject(ErrorCode::BodyMalformed, format!("could not read the request body: {e}"))),
+    }
+}

@@ -1,0 +1,55 @@
+//! The HTTP transport: routes, middleware and the error mapping.
+
+pub mod error;
+pub mod extract;
+mod runs;
+
+use std::time::Duration;
+
+use axum::http::{header, HeaderName, HeaderValue, Method};
+use axum::routing::{get, post};
+use axum::Router;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+use crate::app::AppRef;
+use crate::error::{Error, ErrorCode};
+
+static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Builds the whole HTTP service: REST routes, GraphQL, health.
+pub fn router(app: AppRef) -> Router {
+    let cors = cors(&app.settings.cors_origins);
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/v1/runs", post(runs::create))
+        .route("/v1/runs/{run_id}", get(runs::get))
+        .route("/v1/runs/{run_id}/events", post(runs::append).get(runs::list))
+        .merge(crate::graphql::routes())
+        .fallback(|| async { Error::reject(ErrorCode::NotFound, "no such route; see the README for the API") })
+        .with_state(app)
+        .layer(cors)
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
+        .layer(
+            // Log method and path only: query strings may carry `access_token`.
+            TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
+                let id = req.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("-");
+                tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
+            }),
+        )
+        .layer(SetRequestIdLayer::new(REQUEST_ID.clone(), MakeRequestUuid))
+}
+
+fn cors(origins: &Option<Vec<String>>) -> CorsLayer {
+    let allow = match origins {
+        None => AllowOrigin::any(),
+        Some(list) => AllowOrigin::list(list.iter().filter_map(|o| HeaderValue::from_str(o).ok())),
+    };
+    CorsLayer::new()
+        .allow_origin(allow)
+        .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE, header::HeaderName::from_static("last-event-id")])
+        .expose_headers([REQUEST_ID.clone()])
+        .max_age(Duration::from_secs(600))
+}

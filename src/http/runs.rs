@@ -1,0 +1,109 @@
+//! `/v1/runs`: create runs, append events, read runs and their events back.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::extract::{framing, read_body, Caller, Params};
+use crate::app::AppRef;
+use crate::domain::input::parse_batch;
+use crate::error::{Error, ErrorCode, Result};
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CreateRun {
+    #[serde(default)]
+    parent_run_id: Option<String>,
+}
+
+/// `POST /v1/runs` with an optional `{"parent_run_id": ...}` body.
+pub(crate) async fn create(State(app): State<AppRef>, Caller(who): Caller, headers: HeaderMap, body: Body) -> Result<Response> {
+    let bytes = read_body(&headers, body, 64 << 10).await?;
+    let req: CreateRun = if bytes.iter().all(u8::is_ascii_whitespace) {
+        CreateRun::default()
+    } else {
+        serde_json::from_slice(&bytes)
+            .map_err(|e| Error::reject(ErrorCode::BodyMalformed, format!("invalid body: {e}")))?
+    };
+    let run = app.create_run(&who, req.parent_run_id.as_deref()).await?;
+    Ok((StatusCode::CREATED, Json(run)).into_response())
+}
+
+/// `GET /v1/runs/{run_id}`
+pub(crate) async fn get(State(app): State<AppRef>, Caller(who): Caller, Path(run_id): Path<String>) -> Result<Response> {
+    Ok(Json(app.run(&who, &run_id).await?).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AppendParams {
+    #[serde(default)]
+    expected_last_seq: Option<i64>,
+    /// Read by the `Caller` extractor; listed so it is not an unknown parameter.
+    #[serde(default, rename = "access_token")]
+    _access_token: Option<String>,
+}
+
+/// `POST /v1/runs/{run_id}/events` with a JSON array, `{"events": [...]}` or NDJSON.
+pub(crate) async fn append(
+    State(app): State<AppRef>,
+    Caller(who): Caller,
+    Path(run_id): Path<String>,
+    Params(params): Params<AppendParams>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response> {
+    let framing = framing(&headers)?;
+    let bytes = read_body(&headers, body, app.settings.max_body_bytes).await?;
+    let mut batch = parse_batch(&bytes, framing, app.settings.limits)?;
+    if let Some(expected) = params.expected_last_seq {
+        if batch.expected_last_seq.is_some_and(|b| b != expected) {
+            return Err(Error::reject(
+                ErrorCode::InvalidParameter,
+                "`expected_last_seq` differs between the query string and the body",
+            ));
+        }
+        batch.expected_last_seq = Some(expected);
+    }
+    let out = app.append(&who, &run_id, &batch).await?;
+    let status = if out.replayed { StatusCode::OK } else { StatusCode::CREATED };
+    Ok((status, Json(out)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReadParams {
+    #[serde(default)]
+    after_seq: i64,
+    #[serde(default = "default_limit")]
+    limit: i64,
+    /// Read by the `Caller` extractor; listed so it is not an unknown parameter.
+    #[serde(default, rename = "access_token")]
+    _access_token: Option<String>,
+}
+
+fn default_limit() -> i64 {
+    1000
+}
+
+/// `GET /v1/runs/{run_id}/events?after_seq=&limit=`: a page of the log, in seq order.
+pub(crate) async fn list(
+    State(app): State<AppRef>,
+    Caller(who): Caller,
+    Path(run_id): Path<String>,
+    Params(p): Params<ReadParams>,
+) -> Result<Response> {
+    let (run, events) = app.events(&who, &run_id, p.after_seq, p.limit).await?;
+    let next = events.last().map_or(p.after_seq, |e| e.seq);
+    Ok(Json(json!({
+        "run_id": run.run_id,
+        "last_seq": run.last_seq,
+        "next_after_seq": next,
+        "events": events,
+    }))
+    .into_response())
+}

@@ -1,0 +1,207 @@
+//! The `agent-stream` command: serve, migrate, and administer tenants and keys.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use agent_stream::app::Settings;
+use agent_stream::auth::Scope;
+use agent_stream::domain::Limits;
+use agent_stream::server::{self, Database, DbChoice, ServeOptions};
+use agent_stream::storage::tenants;
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "agent-stream", version, about = "Durable, multi-tenant event log and live stream for AI-agent runs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct DbArgs {
+    /// PostgreSQL to use. Unset: a private cluster under --data-dir (the embedded default).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Data directory of the embedded default [default: ~/.local/share/agent-stream,
+    /// or /var/lib/agent-stream when run as root].
+    #[arg(long, env = "AGENT_STREAM_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Schema holding agent-stream's tables.
+    #[arg(long, env = "AGENT_STREAM_SCHEMA", default_value = "agent_stream")]
+    schema: String,
+}
+
+impl DbArgs {
+    fn choice(&self) -> DbChoice {
+        DbChoice { url: self.database_url.clone(), data_dir: self.data_dir.clone(), schema: self.schema.clone() }
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the service (migrates first).
+    Serve {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Address to listen on.
+        #[arg(long, env = "AGENT_STREAM_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// Database connections in the pool.
+        #[arg(long, env = "AGENT_STREAM_POOL_SIZE", default_value_t = 32)]
+        pool_size: usize,
+        /// Origins allowed to call the API from a browser (comma-separated). With the
+        /// embedded default and none given, any origin is allowed.
+        #[arg(long, env = "AGENT_STREAM_CORS_ORIGINS", value_delimiter = ',')]
+        cors_origin: Vec<String>,
+        /// Largest request body in bytes.
+        #[arg(long, env = "AGENT_STREAM_MAX_BODY_BYTES", default_value_t = 16 << 20)]
+        max_body_bytes: usize,
+        /// Largest single event in bytes.
+        #[arg(long, env = "AGENT_STREAM_MAX_EVENT_BYTES", default_value_t = 1 << 20)]
+        max_event_bytes: usize,
+        /// Most events in one append.
+        #[arg(long, env = "AGENT_STREAM_MAX_BATCH_EVENTS", default_value_t = 10_000)]
+        max_batch_events: usize,
+    },
+    /// Apply pending schema migrations and exit.
+    Migrate {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Manage tenants.
+    Tenant {
+        #[command(subcommand)]
+        cmd: TenantCmd,
+    },
+    /// Manage API keys.
+    Key {
+        #[command(subcommand)]
+        cmd: KeyCmd,
+    },
+    /// Print the GraphQL schema (SDL).
+    Schema,
+}
+
+#[derive(Subcommand)]
+enum TenantCmd {
+    /// Create a tenant; prints a new read+write key as the last line.
+    Create {
+        /// Tenant name: lowercase letters, digits, `-` and `_`.
+        name: String,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyCmd {
+    /// Issue another key for a tenant; prints it as the last line.
+    Create {
+        /// Tenant name.
+        tenant: String,
+        /// Scopes, comma-separated: read, write, admin.
+        #[arg(long, value_delimiter = ',', default_value = "read,write")]
+        scopes: Vec<String>,
+        /// A note to recognise the key by.
+        #[arg(long)]
+        label: Option<String>,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Revoke a key by its id (the 12 hex digits after `ask_`).
+    Revoke {
+        /// Key id.
+        key_id: String,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("AGENT_STREAM_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info,tower_http=info"));
+    let json = std::env::var("AGENT_STREAM_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn parse_scopes(list: &[String]) -> anyhow::Result<Vec<Scope>> {
+    list.iter()
+        .map(|s| Scope::parse(s.trim()).ok_or_else(|| anyhow::anyhow!("unknown scope `{s}`: use read, write or admin")))
+        .collect()
+}
+
+/// Runs an administrative action against the database, migrating first and stopping a
+/// private cluster afterwards if this command had to start it.
+async fn with_owner<T>(
+    db: &DbArgs,
+    f: impl AsyncFnOnce(&mut tokio_postgres::Client) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let database = Database::open(&db.choice()).await?;
+    let result = async {
+        database.migrate().await?;
+        let mut owner = database.owner().await?;
+        f(&mut owner).await
+    }
+    .await;
+    database.close().await?;
+    result
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    init_tracing();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve { db, listen, pool_size, cors_origin, max_body_bytes, max_event_bytes, max_batch_events } => {
+            let settings = Settings {
+                limits: Limits { max_event_bytes, max_batch_events },
+                max_body_bytes,
+                cors_origins: Some(cors_origin.into_iter().filter(|o| !o.is_empty()).collect()),
+            };
+            server::serve(ServeOptions { db: db.choice(), listen, pool_size, settings }).await
+        }
+        Command::Migrate { db } => {
+            let database = Database::open(&db.choice()).await?;
+            let report = database.migrate().await;
+            database.close().await?;
+            let report = report?;
+            println!("applied {:?}; already present {:?}", report.applied, report.skipped);
+            Ok(())
+        }
+        Command::Tenant { cmd: TenantCmd::Create { name, db } } => {
+            let key = with_owner(&db, async |c| Ok(tenants::create_tenant(c, &name, &[Scope::Read, Scope::Write]).await?))
+                .await?;
+            println!("created tenant `{name}` ({}); its read+write API key:", key.tenant_id);
+            println!("{}", key.secret);
+            Ok(())
+        }
+        Command::Key { cmd: KeyCmd::Create { tenant, scopes, label, db } } => {
+            let scopes = parse_scopes(&scopes)?;
+            let key =
+                with_owner(&db, async |c| Ok(tenants::create_key(c, &tenant, &scopes, label.as_deref()).await?)).await?;
+            println!("new key {} for tenant `{tenant}`:", key.key_id);
+            println!("{}", key.secret);
+            Ok(())
+        }
+        Command::Key { cmd: KeyCmd::Revoke { key_id, db } } => {
+            let revoked = with_owner(&db, async |c| Ok(tenants::revoke_key(c, &key_id).await?)).await?;
+            if revoked {
+                println!("revoked key {key_id}");
+                Ok(())
+            } else {
+                anyhow::bail!("no live key with id {key_id}")
+            }
+        }
+        Command::Schema => {
+            print!("{}", agent_stream::graphql::sdl());
+            Ok(())
+        }
+    }
+}

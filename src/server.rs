@@ -1,0 +1,159 @@
+//! Wiring a service together: resolve the database (given, or the embedded default),
+//! migrate, make sure the dev tenant exists, serve HTTP until a signal, stop cleanly.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+
+use crate::app::{App, Settings};
+use crate::auth::Scope;
+use crate::storage::embedded::{default_data_dir, Embedded};
+use crate::storage::{db, migrate, tenants, Db, DbConfig};
+
+/// Where the database comes from.
+#[derive(Debug, Clone)]
+pub struct DbChoice {
+    /// `DATABASE_URL`; `None` selects the embedded default.
+    pub url: Option<String>,
+    /// Data directory of the embedded default.
+    pub data_dir: Option<PathBuf>,
+    /// Schema holding the tables.
+    pub schema: String,
+}
+
+/// A reachable database, and the private cluster behind it when embedded.
+pub struct Database {
+    /// Connection string for the owner.
+    pub url: String,
+    /// Schema in use.
+    pub schema: String,
+    /// The private cluster, when one is in use.
+    pub embedded: Option<Embedded>,
+}
+
+impl Database {
+    /// Connects to the given URL or starts/attaches to the private cluster.
+    pub async fn open(choice: &DbChoice) -> anyhow::Result<Database> {
+        match &choice.url {
+            Some(url) => Ok(Database { url: url.clone(), schema: choice.schema.clone(), embedded: None }),
+            None => {
+                let dir = choice.data_dir.clone().unwrap_or_else(default_data_dir);
+                let emb = Embedded::start(&dir).await?;
+                Ok(Database { url: emb.url(), schema: choice.schema.clone(), embedded: Some(emb) })
+            }
+        }
+    }
+
+    /// Stops the private cluster if this process started it.
+    pub async fn close(self) -> anyhow::Result<()> {
+        if let Some(e) = self.embedded {
+            e.stop().await?;
+        }
+        Ok(())
+    }
+
+    /// Applies pending migrations.
+    pub async fn migrate(&self) -> anyhow::Result<migrate::Report> {
+        Ok(migrate::migrate(&self.url, &self.schema).await?)
+    }
+
+    /// An owner connection for administration.
+    pub async fn owner(&self) -> anyhow::Result<tokio_postgres::Client> {
+        Ok(db::connect_owner(&self.url, &self.schema).await?)
+    }
+}
+
+/// Options of `agent-stream serve`.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Database selection.
+    pub db: DbChoice,
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Pool size.
+    pub pool_size: usize,
+    /// Limits and CORS.
+    pub settings: Settings,
+}
+
+/// Runs the service until Ctrl-C or SIGTERM.
+pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
+    let database = Database::open(&opts.db).await?;
+    let result = serve_on(&database, &opts).await;
+    let closed = database.close().await;
+    result?;
+    closed
+}
+
+async fn serve_on(database: &Database, opts: &ServeOptions) -> anyhow::Result<()> {
+    let report = database.migrate().await.context("migrating the database")?;
+    if !report.applied.is_empty() {
+        tracing::info!(applied = ?report.applied, "migrations applied");
+    }
+    let mut settings = opts.settings.clone();
+    if let Some(emb) = &database.embedded {
+        announce_dev_tenant(database, emb).await?;
+        if settings.cors_origins.as_ref().is_some_and(|o| o.is_empty()) {
+            // The embedded default is a developer's machine: let local frontends in.
+            settings.cors_origins = None;
+        }
+    }
+    let db = Db::new(&DbConfig {
+        url: database.url.clone(),
+        schema: database.schema.clone(),
+        max_connections: opts.pool_size,
+    })?;
+    db.check().await.context("connecting as the service role")?;
+    let app = App::new(db, settings);
+    let listener = TcpListener::bind(opts.listen).await.with_context(|| format!("binding {}", opts.listen))?;
+    let addr = listener.local_addr()?;
+    println!("agent-stream listening on http://{addr} (GraphiQL at http://{addr}/graphql)");
+    axum::serve(listener, crate::http::router(app)).with_graceful_shutdown(shutdown_signal()).await?;
+    tracing::info!("shut down");
+    Ok(())
+}
+
+/// On first start of the embedded default, creates the `dev` tenant and prints its key
+/// (also saved, readable only by the owner, next to the cluster).
+async fn announce_dev_tenant(database: &Database, emb: &Embedded) -> anyhow::Result<()> {
+    let mut owner = database.owner().await?;
+    let key_file = emb.pgdata.with_file_name("dev-key");
+    if tenants::tenant_id(&owner, "dev").await?.is_some() {
+        println!("dev tenant: key saved in {}", key_file.display());
+        return Ok(());
+    }
+    let key = tenants::create_tenant(&mut owner, "dev", &[Scope::Read, Scope::Write, Scope::Admin]).await?;
+    write_private(&key_file, &key.secret)?;
+    println!("created tenant `dev`; its API key (also saved in {}):", key_file.display());
+    println!("{}", key.secret);
+    Ok(())
+}
+
+fn write_private(path: &std::path::Path, contents: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    writeln!(f, "{contents}")?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutdown signal received; draining");
+}

@@ -1,0 +1,252 @@
+//! The embedded default: a private PostgreSQL cluster for when `DATABASE_URL` is unset.
+//!
+//! It uses the machine's own PostgreSQL binaries (on PATH, or under the Debian and
+//! Homebrew locations), keeps its data under one directory, and listens only on a Unix
+//! socket inside that directory, so it never collides with a server on port 5432 and
+//! only its owner can reach it.
+//!
+//! PostgreSQL refuses to run as root. When we are root, the cluster runs as the
+//! unprivileged `postgres` user instead, and the default data directory moves from
+//! root's home (which that user cannot enter) to `/var/lib/agent-stream`.
+
+use std::os::unix::fs::{chown, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use anyhow::{anyhow, bail, Context};
+use tokio::process::Command;
+
+/// Name of the database created inside the private cluster.
+pub const DATABASE: &str = "agent_stream";
+
+/// What to tell a user whose machine has no PostgreSQL server binaries.
+pub const INSTALL_HINT: &str = "PostgreSQL server binaries (initdb, pg_ctl, postgres) were not found on PATH \
+or under /usr/lib/postgresql/*/bin. Install them — Debian/Ubuntu: `apt-get install postgresql`; \
+Fedora: `dnf install postgresql-server`; macOS: `brew install postgresql@16` — \
+or point agent-stream at an existing server with DATABASE_URL=postgres://user@host/db.";
+
+/// A private cluster: where it lives and how to reach it.
+#[derive(Debug)]
+pub struct Embedded {
+    /// The cluster's data directory (also its socket directory).
+    pub pgdata: PathBuf,
+    bin: PathBuf,
+    run_as: Option<nix::unistd::User>,
+    started_here: bool,
+}
+
+/// Where the embedded cluster lives unless `--data-dir` says otherwise.
+pub fn default_data_dir() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        PathBuf::from("/var/lib/agent-stream")
+    } else {
+        dirs::data_dir()
+            .or_else(|| dirs::home_dir().map(|h| h.join(".local/share")))
+            .unwrap_or_else(|| PathBuf::from("."))
+            .join("agent-stream")
+    }
+}
+
+/// Finds the directory holding `initdb`, `pg_ctl` and `postgres`.
+pub fn find_bin_dir() -> anyhow::Result<PathBuf> {
+    let has_all = |d: &Path| ["initdb", "pg_ctl", "postgres"].iter().all(|b| d.join(b).is_file());
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let initdb = dir.join("initdb");
+            if initdb.is_file() {
+                // Follow symlinks (e.g. /usr/local/bin/initdb -> /usr/lib/postgresql/15/bin)
+                // so pg_ctl and postgres come from the same installation.
+                let real = std::fs::canonicalize(&initdb).unwrap_or(initdb);
+                if let Some(d) = real.parent().filter(|d| has_all(d)) {
+                    return Ok(d.to_path_buf());
+                }
+                if has_all(&dir) {
+                    return Ok(dir);
+                }
+            }
+        }
+    }
+    let mut candidates: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v: u32 = e.file_name().to_str()?.parse().ok()?;
+            Some((v, e.path().join("bin")))
+        })
+        .collect();
+    candidates.sort();
+    for extra in ["/usr/local/pgsql/bin", "/opt/homebrew/bin", "/usr/local/opt/postgresql/bin"] {
+        candidates.insert(0, (0, PathBuf::from(extra)));
+    }
+    candidates.into_iter().rev().map(|(_, d)| d).find(|d| has_all(d)).ok_or_else(|| anyhow!(INSTALL_HINT))
+}
+
+impl Embedded {
+    /// Starts (initialising on first use) the cluster under `data_dir`, or attaches to
+    /// it when it is already running, and makes sure the database exists.
+    pub async fn start(data_dir: &Path) -> anyhow::Result<Embedded> {
+        let bin = find_bin_dir()?;
+        let run_as = if nix::unistd::geteuid().is_root() {
+            Some(nix::unistd::User::from_name("postgres").ok().flatten().ok_or_else(|| {
+                anyhow!(
+                    "PostgreSQL refuses to run as root, and there is no unprivileged `postgres` user to run the \
+                     private cluster as. Create one (`useradd --system postgres`), run agent-stream as a normal \
+                     user, or set DATABASE_URL."
+                )
+            })?)
+        } else {
+            None
+        };
+        std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+        let data_dir = std::fs::canonicalize(data_dir)?;
+        let pgdata = data_dir.join("pg");
+        let this = Embedded { pgdata, bin, run_as, started_here: false };
+        this.check_reachable(&data_dir)?;
+        this.init_if_needed().await?;
+        this.start_if_stopped().await
+    }
+
+    /// The connection string for the private database.
+    pub fn url(&self) -> String {
+        format!("host='{}' port=5432 user=postgres dbname={DATABASE}", self.pgdata.display())
+    }
+
+    /// True when this process started the server (and so should stop it).
+    pub fn started_here(&self) -> bool {
+        self.started_here
+    }
+
+    /// Stops the server if this process started it.
+    pub async fn stop(&self) -> anyhow::Result<()> {
+        if !self.started_here {
+            return Ok(());
+        }
+        let out = self
+            .cmd("pg_ctl")
+            .arg("-D")
+            .arg(&self.pgdata)
+            .args(["-m", "fast", "-w", "-t", "60", "stop"])
+            .output()
+            .await?;
+        if !out.status.success() {
+            bail!("pg_ctl stop failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(())
+    }
+
+    fn cmd(&self, name: &str) -> Command {
+        let mut c = Command::new(self.bin.join(name));
+        // The cluster user may not be able to enter our working directory.
+        c.current_dir("/").stdin(Stdio::null()).kill_on_drop(false);
+        if let Some(u) = &self.run_as {
+            c.uid(u.uid.as_raw()).gid(u.gid.as_raw());
+            c.env("HOME", &u.dir).env("USER", &u.name);
+        }
+        c
+    }
+
+    /// The cluster user must be able to walk down to the data directory.
+    fn check_reachable(&self, data_dir: &Path) -> anyhow::Result<()> {
+        let Some(user) = &self.run_as else { return Ok(()) };
+        chown(data_dir, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
+            .with_context(|| format!("handing {} to the postgres user", data_dir.display()))?;
+        for dir in data_dir.ancestors().skip(1) {
+            let mode = std::fs::metadata(dir)?.permissions().mode();
+            if mode & 0o001 == 0 {
+                bail!(
+                    "the private cluster runs as the `postgres` user (PostgreSQL refuses root), which cannot enter {} \
+                     (mode {:o}). Choose a data directory it can reach, e.g. --data-dir /var/lib/agent-stream",
+                    dir.display(),
+                    mode & 0o777
+                );
+            }
+        }
+        Ok(())
+    }
+
+    async fn init_if_needed(&self) -> anyhow::Result<()> {
+        if self.pgdata.join("PG_VERSION").is_file() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&self.pgdata)?;
+        std::fs::set_permissions(&self.pgdata, std::fs::Permissions::from_mode(0o700))?;
+        if let Some(u) = &self.run_as {
+            chown(&self.pgdata, Some(u.uid.as_raw()), Some(u.gid.as_raw()))?;
+        }
+        let out = self
+            .cmd("initdb")
+            .arg("-D")
+            .arg(&self.pgdata)
+            .args(["-U", "postgres", "--auth=trust", "--encoding=UTF8", "--no-locale", "--no-instructions"])
+            .output()
+            .await
+            .context("running initdb")?;
+        if !out.status.success() {
+            bail!(
+                "initdb failed for {}: {}",
+                self.pgdata.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        // Socket only, in the data directory: no port to collide with, no network exposure.
+        let conf = format!(
+            "\n# agent-stream embedded default\nlisten_addresses = ''\nunix_socket_directories = '{}'\n\
+             max_connections = 200\nshared_buffers = 128MB\nfsync = on\n",
+            self.pgdata.display()
+        );
+        let conf_path = self.pgdata.join("postgresql.conf");
+        let mut existing = std::fs::read_to_string(&conf_path)?;
+        existing.push_str(&conf);
+        std::fs::write(&conf_path, existing)?;
+        Ok(())
+    }
+
+    async fn start_if_stopped(mut self) -> anyhow::Result<Embedded> {
+        let status = self.cmd("pg_ctl").arg("-D").arg(&self.pgdata).arg("status").output().await?;
+        if !status.status.success() {
+            let log = self.pgdata.join("server.log");
+            let out = self
+                .cmd("pg_ctl")
+                .arg("-D")
+                .arg(&self.pgdata)
+                .arg("-l")
+                .arg(&log)
+                .args(["-w", "-t", "60", "start"])
+                .output()
+                .await
+                .context("running pg_ctl start")?;
+            if !out.status.success() {
+                let tail = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = tail.lines().rev().take(10).collect();
+                bail!(
+                    "could not start the private PostgreSQL in {}: {}\n{}",
+                    self.pgdata.display(),
+                    String::from_utf8_lossy(&out.stderr).trim(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+            }
+            self.started_here = true;
+        }
+        self.ensure_database().await?;
+        Ok(self)
+    }
+
+    async fn ensure_database(&self) -> anyhow::Result<()> {
+        let url = format!("host='{}' port=5432 user=postgres dbname=postgres", self.pgdata.display());
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .with_context(|| format!("connecting to the private cluster in {}", self.pgdata.display()))?;
+        tokio::spawn(conn);
+        let exists = client.query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&DATABASE]).await?;
+        if exists.is_none() {
+            if let Err(e) = client.batch_execute(&format!("CREATE DATABASE {DATABASE}")).await {
+                // Another process may have created it between our check and now.
+                if e.code() != Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) {
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(())
+    }
+}

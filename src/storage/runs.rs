@@ -1,0 +1,111 @@
+//! Runs: creation and lookup, always inside a tenant-scoped transaction.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio_postgres::Row;
+use ulid::Ulid;
+
+use super::db::{tenant_tx, Db};
+use crate::domain::RunState;
+use crate::error::{Error, ErrorCode, Result};
+
+/// A run's row: identity, hierarchy, position and state.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunInfo {
+    /// The run id (ULID).
+    pub run_id: String,
+    /// The parent for sub-runs.
+    pub parent_run_id: Option<String>,
+    /// The top of the run tree (itself for top-level runs).
+    pub root_run_id: String,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// Time of the last append.
+    pub updated_at: DateTime<Utc>,
+    /// Seq of the newest event (0 when empty).
+    pub last_seq: i64,
+    /// Current lifecycle state (`None` before the first `run.lifecycle`).
+    pub state: Option<RunState>,
+}
+
+const RUN_COLUMNS: &str = "run_id, parent_run_id, root_run_id, created_at, updated_at, last_seq, state";
+
+fn run_from_row(r: &Row) -> RunInfo {
+    RunInfo {
+        run_id: r.get(0),
+        parent_run_id: r.get(1),
+        root_run_id: r.get(2),
+        created_at: r.get(3),
+        updated_at: r.get(4),
+        last_seq: r.get(5),
+        state: r.get::<_, Option<&str>>(6).and_then(RunState::parse),
+    }
+}
+
+/// The error for a run that does not exist *for this tenant*. Other tenants' runs get
+/// exactly the same answer, so it never confirms that an id exists elsewhere.
+pub fn run_not_found(run_id: &str) -> Error {
+    Error::reject(ErrorCode::RunNotFound, format!("run `{run_id}` not found"))
+}
+
+/// Checks that a path or body id is a ULID before any query runs.
+pub fn parse_run_id(s: &str) -> Result<String> {
+    Ulid::from_string(s).map(|u| u.to_string()).map_err(|_| {
+        Error::reject(ErrorCode::InvalidParameter, format!("`{}` is not a run id (a 26-character ULID)", truncate(s)))
+    })
+}
+
+fn truncate(s: &str) -> String {
+    if s.chars().count() > 40 {
+        format!("{}…", s.chars().take(40).collect::<String>())
+    } else {
+        s.to_owned()
+    }
+}
+
+/// Creates a run, optionally under `parent_run_id` (which must belong to the tenant).
+pub async fn create_run(db: &Db, tenant: &str, parent_run_id: Option<&str>) -> Result<RunInfo> {
+    let parent = parent_run_id.map(parse_run_id).transpose()?;
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    let root = match &parent {
+        Some(p) => {
+            let row = tx
+                .query_opt("SELECT root_run_id FROM runs WHERE tenant_id = $1 AND run_id = $2", &[&tenant, p])
+                .await?;
+            match row {
+                Some(r) => Some(r.get::<_, String>(0)),
+                None => return Err(run_not_found(p)),
+            }
+        }
+        None => None,
+    };
+    let run_id = Ulid::new().to_string();
+    let root = root.unwrap_or_else(|| run_id.clone());
+    let row = tx
+        .query_one(
+            &format!(
+                "INSERT INTO runs (tenant_id, run_id, parent_run_id, root_run_id) VALUES ($1, $2, $3, $4)
+                 RETURNING {RUN_COLUMNS}"
+            ),
+            &[&tenant, &run_id, &parent, &root],
+        )
+        .await?;
+    tx.commit().await?;
+    Ok(run_from_row(&row))
+}
+
+/// Looks a run up; `RUN-NOT-FOUND` when the tenant has no such run.
+pub async fn get_run(db: &Db, tenant: &str, run_id: &str) -> Result<RunInfo> {
+    let run_id = parse_run_id(run_id)?;
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    let row = tx
+        .query_opt(
+            &format!("SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1 AND run_id = $2"),
+            &[&tenant, &run_id],
+        )
+        .await?;
+    tx.commit().await?;
+    row.as_ref().map(run_from_row).ok_or_else(|| run_not_found(&run_id))
+}

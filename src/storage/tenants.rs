@@ -1,0 +1,99 @@
+//! Tenants and their API keys. These run on the owner connection: they are the
+//! administrative path, outside any one tenant's row-level security.
+
+use tokio_postgres::Client;
+use ulid::Ulid;
+
+use crate::auth::{generate_key, Scope};
+use crate::error::{Error, ErrorCode, Result};
+
+/// A created key: hand `secret` to the user once.
+#[derive(Debug, Clone)]
+pub struct IssuedKey {
+    /// The tenant the key belongs to.
+    pub tenant_id: String,
+    /// Public id of the key.
+    pub key_id: String,
+    /// The key itself; never stored.
+    pub secret: String,
+}
+
+/// Creates tenant `name` and a first key with `scopes`.
+pub async fn create_tenant(client: &mut Client, name: &str, scopes: &[Scope]) -> Result<IssuedKey> {
+    if !valid_name(name) {
+        return Err(Error::reject(
+            ErrorCode::InvalidParameter,
+            format!("tenant name `{name}` is invalid: use 1-63 lowercase letters, digits, `-` or `_`, starting with a letter or digit"),
+        ));
+    }
+    let tx = client.transaction().await?;
+    let tenant_id = Ulid::new().to_string();
+    let inserted = tx
+        .execute(
+            "INSERT INTO tenants (tenant_id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+            &[&tenant_id, &name],
+        )
+        .await?;
+    if inserted == 0 {
+        return Err(Error::reject(
+            ErrorCode::AlreadyExists,
+            format!("tenant `{name}` already exists; use `agent-stream key create {name}` for another key"),
+        ));
+    }
+    let key = insert_key(&tx, &tenant_id, scopes, Some("initial key")).await?;
+    tx.commit().await?;
+    Ok(key)
+}
+
+/// Issues another key for the tenant called `name`.
+pub async fn create_key(client: &mut Client, name: &str, scopes: &[Scope], label: Option<&str>) -> Result<IssuedKey> {
+    let tx = client.transaction().await?;
+    let row = tx.query_opt("SELECT tenant_id FROM tenants WHERE name = $1", &[&name]).await?;
+    let Some(row) = row else {
+        return Err(Error::reject(ErrorCode::NotFound, format!("no tenant named `{name}`")));
+    };
+    let tenant_id: String = row.get(0);
+    let key = insert_key(&tx, &tenant_id, scopes, label).await?;
+    tx.commit().await?;
+    Ok(key)
+}
+
+/// Revokes a key by its public id; true when a live key was revoked.
+pub async fn revoke_key(client: &Client, key_id: &str) -> Result<bool> {
+    let n = client
+        .execute("UPDATE api_keys SET revoked_at = now() WHERE key_id = $1 AND revoked_at IS NULL", &[&key_id])
+        .await?;
+    Ok(n == 1)
+}
+
+/// The tenant id for `name`, if the tenant exists.
+pub async fn tenant_id(client: &Client, name: &str) -> Result<Option<String>> {
+    Ok(client.query_opt("SELECT tenant_id FROM tenants WHERE name = $1", &[&name]).await?.map(|r| r.get(0)))
+}
+
+async fn insert_key(
+    tx: &tokio_postgres::Transaction<'_>,
+    tenant_id: &str,
+    scopes: &[Scope],
+    label: Option<&str>,
+) -> Result<IssuedKey> {
+    if scopes.is_empty() {
+        return Err(Error::reject(ErrorCode::InvalidParameter, "a key needs at least one scope"));
+    }
+    let key = generate_key();
+    let scopes: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
+    tx.execute(
+        "INSERT INTO api_keys (key_id, tenant_id, key_hash, scopes, label) VALUES ($1, $2, $3, $4, $5)",
+        &[&key.key_id, &tenant_id, &key.hash.as_slice(), &scopes, &label],
+    )
+    .await?;
+    Ok(IssuedKey { tenant_id: tenant_id.to_owned(), key_id: key.key_id, secret: key.secret })
+}
+
+fn valid_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'_')
+}

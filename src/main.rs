@@ -121,7 +121,7 @@ fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("AGENT_STREAM_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info,tower_http=info"));
+        .unwrap_or_else(|_| EnvFilter::new("info,tokio_postgres=warn"));
     let json = std::env::var("AGENT_STREAM_LOG_FORMAT").is_ok_and(|v| v == "json");
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if json {

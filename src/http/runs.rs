@@ -5,8 +5,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
 use super::extract::{framing, read_body, Caller, Params};
 use crate::app::AppRef;
@@ -86,6 +85,15 @@ pub(crate) struct ReadParams {
     _access_token: Option<String>,
 }
 
+/// A page of the log; `next_after_seq` is the cursor for the next page.
+#[derive(Serialize)]
+struct EventPage {
+    run_id: String,
+    last_seq: i64,
+    next_after_seq: i64,
+    events: Vec<crate::domain::Event>,
+}
+
 fn default_limit() -> i64 {
     1000
 }
@@ -99,11 +107,5 @@ pub(crate) async fn list(
 ) -> Result<Response> {
     let (run, events) = app.events(&who, &run_id, p.after_seq, p.limit).await?;
     let next = events.last().map_or(p.after_seq, |e| e.seq);
-    Ok(Json(json!({
-        "run_id": run.run_id,
-        "last_seq": run.last_seq,
-        "next_after_seq": next,
-        "events": events,
-    }))
-    .into_response())
+    Ok(Json(EventPage { run_id: run.run_id, last_seq: run.last_seq, next_after_seq: next, events }).into_response())
 }

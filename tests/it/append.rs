@@ -1,0 +1,233 @@
+//! The append path: round trip, gapless seqs under concurrency, idempotency, optimistic
+//! concurrency, NDJSON framing.
+
+use agent_stream::domain::{Batch, Event, EventBody, NewEvent, Origin};
+use agent_stream::storage;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::common::{every_type, TestApp};
+
+#[tokio::test]
+async fn every_event_type_round_trips_through_the_log() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    let sent = every_type();
+    let n = sent.as_array().unwrap().len() as i64;
+    assert_eq!(t.append_ok(&t.key_a, &run, sent.clone()).await, (1, n));
+
+    let stored = t.events(&t.key_a, &run).await;
+    assert_eq!(stored.len() as i64, n);
+    let mut prev_id = String::new();
+    for (i, (got, want)) in stored.iter().zip(sent.as_array().unwrap()).enumerate() {
+        // Envelope assigned by the server.
+        assert_eq!(got["seq"], json!(i as i64 + 1));
+        assert_eq!(got["run_id"], json!(run));
+        let id = got["id"].as_str().unwrap().to_owned();
+        assert!(id > prev_id, "ids must increase: {prev_id} then {id}");
+        prev_id = id;
+        assert!(got["ts"].as_str().unwrap().ends_with('Z'));
+        // Body as sent (typed comparison: canonical form drops nothing).
+        assert_eq!(got["type"], want["type"]);
+        assert_eq!(got["child_id"], want.get("child_id").cloned().unwrap_or(Value::Null));
+        let want_body = EventBody::parse(want["type"].as_str().unwrap(), want["payload"].clone()).unwrap();
+        let got_body = EventBody::parse(got["type"].as_str().unwrap(), got["payload"].clone()).unwrap();
+        assert_eq!(got_body, want_body, "event {i}");
+        // T1: the stored envelope deserialises into the Rust model and back, losslessly.
+        let ev: Event = serde_json::from_value(got.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&ev).unwrap(), *got);
+    }
+}
+
+#[tokio::test]
+async fn plan_decision_round_trips_when_the_service_writes_it() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([
+        {"type": "run.lifecycle", "payload": {"state": "planning"}},
+        {"type": "plan.proposal", "payload": {"plan": {"id": "p1", "steps": []}}},
+        {"type": "run.lifecycle", "payload": {"state": "awaiting_approval"}}
+    ]))
+    .await;
+    let decision = json!({"plan_id": "p1", "decision": "approved", "reason": "lgtm", "decided_by": "key1"});
+    let batch = Batch {
+        events: vec![NewEvent { child_id: None, key: None, body: EventBody::parse("plan.decision", decision.clone()).unwrap() }],
+        expected_last_seq: Some(3),
+    };
+    let out = storage::append(&t.app.db, &t.app.guards, &t.tenant_a, &run, &batch, Origin::Service).await.unwrap();
+    assert_eq!((out.first_seq, out.last_seq), (4, 4));
+    let stored = t.events(&t.key_a, &run).await;
+    assert_eq!(stored[3]["type"], "plan.decision");
+    assert_eq!(stored[3]["payload"], decision);
+}
+
+#[tokio::test]
+async fn concurrent_producers_get_gapless_seqs_in_their_own_order() {
+    const PRODUCERS: usize = 32;
+    const BATCHES: usize = 100;
+    const PER_BATCH: usize = 3;
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    let mut tasks = vec![];
+    for p in 0..PRODUCERS {
+        let (http, base, key, run) = (t.http.clone(), t.base.clone(), t.key_a.clone(), run.clone());
+        tasks.push(tokio::spawn(async move {
+            for b in 0..BATCHES {
+                let events: Vec<Value> = (0..PER_BATCH)
+                    .map(|i| json!({"type": "custom.tick", "payload": {"p": p, "n": b * PER_BATCH + i}}))
+                    .collect();
+                let r = http
+                    .post(format!("{base}/v1/runs/{run}/events"))
+                    .bearer_auth(&key)
+                    .json(&events)
+                    .send()
+                    .await
+                    .expect("send");
+                let status = r.status();
+                let body: Value = r.json().await.expect("json");
+                assert_eq!(status, StatusCode::CREATED, "{body}");
+                let (first, last) = (body["first_seq"].as_i64().unwrap(), body["last_seq"].as_i64().unwrap());
+                assert_eq!(last - first + 1, PER_BATCH as i64, "a batch's seqs are contiguous");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("producer");
+    }
+    let stored = t.events(&t.key_a, &run).await;
+    let total = PRODUCERS * BATCHES * PER_BATCH;
+    assert_eq!(stored.len(), total);
+    let seqs: Vec<i64> = stored.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, (1..=total as i64).collect::<Vec<_>>(), "seqs are exactly 1..N");
+    let mut next = vec![0u64; PRODUCERS];
+    for e in &stored {
+        let p = e["payload"]["p"].as_u64().unwrap() as usize;
+        assert_eq!(e["payload"]["n"].as_u64().unwrap(), next[p], "producer {p} out of order");
+        next[p] += 1;
+    }
+    let ids: Vec<&str> = stored.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids are monotonic in seq order");
+}
+
+#[tokio::test]
+async fn idempotent_retry_returns_the_original_seqs_and_writes_nothing() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "custom.a", "payload": {}}])).await;
+    let batch = json!([
+        {"type": "text.delta", "payload": {"text": "x"}, "key": "k1"},
+        {"type": "text.delta", "payload": {"text": "y"}, "key": "k2"}
+    ]);
+    let (s1, v1) = t.append(&t.key_a, &run, &batch).await;
+    assert_eq!(s1, StatusCode::CREATED);
+    assert_eq!(v1, json!({"first_seq": 2, "last_seq": 3, "replayed": false}));
+    t.append_ok(&t.key_a, &run, json!([{"type": "custom.b", "payload": {}}])).await;
+
+    let (s2, v2) = t.append(&t.key_a, &run, &batch).await;
+    assert_eq!(s2, StatusCode::OK);
+    assert_eq!(v2, json!({"first_seq": 2, "last_seq": 3, "replayed": true}));
+    assert_eq!(t.stored_count(&t.tenant_a, &run).await, 4);
+
+    // Same key, different content: refused, nothing written.
+    let changed = json!([{"type": "text.delta", "payload": {"text": "z"}, "key": "k1"}]);
+    let (s3, v3) = t.append(&t.key_a, &run, &changed).await;
+    assert_eq!((s3, v3["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("IDEMPOTENCY-MISMATCH")));
+    // A stored key mixed with a new one: refused, nothing written.
+    let mixed = json!([
+        {"type": "text.delta", "payload": {"text": "x"}, "key": "k1"},
+        {"type": "text.delta", "payload": {"text": "w"}, "key": "k9"}
+    ]);
+    let (s4, v4) = t.append(&t.key_a, &run, &mixed).await;
+    assert_eq!((s4, v4["error"]["code"].as_str(), v4["error"]["index"].as_u64()), (StatusCode::CONFLICT, Some("IDEMPOTENCY-MISMATCH"), Some(1)));
+    assert_eq!(t.stored_count(&t.tenant_a, &run).await, 4);
+
+    // Retries racing each other: exactly one write.
+    let race = json!([{"type": "custom.once", "payload": {"v": 1}, "key": "race"}]);
+    let results = futures::future::join_all((0..8).map(|_| t.append(&t.key_a, &run, &race))).await;
+    let written = results.iter().filter(|(s, _)| *s == StatusCode::CREATED).count();
+    assert_eq!(written, 1, "{results:?}");
+    assert!(results.iter().all(|(_, v)| v["first_seq"] == json!(5)), "{results:?}");
+    assert_eq!(t.stored_count(&t.tenant_a, &run).await, 5);
+}
+
+#[tokio::test]
+async fn expected_last_seq_conflict() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    let ok = json!({"events": [{"type": "custom.a", "payload": {}}], "expected_last_seq": 0});
+    assert_eq!(t.append(&t.key_a, &run, &ok).await.0, StatusCode::CREATED);
+    let (s, v) = t.append(&t.key_a, &run, &ok).await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert_eq!(v["error"]["code"], "SEQ-CONFLICT");
+    assert!(v["error"]["message"].as_str().unwrap().contains("is 1"), "{v}");
+    // Query-string form.
+    let r = t
+        .http
+        .post(format!("{}/v1/runs/{run}/events?expected_last_seq=1", t.base))
+        .bearer_auth(&t.key_a)
+        .json(&json!([{"type": "custom.b", "payload": {}}]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(t.stored_count(&t.tenant_a, &run).await, 2);
+}
+
+#[tokio::test]
+async fn ndjson_bodies_append_like_arrays() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    let body = "{\"type\":\"text.delta\",\"payload\":{\"text\":\"a\"}}\n\n{\"type\":\"text.delta\",\"payload\":{\"text\":\"b\"}}\n";
+    let r = t
+        .http
+        .post(format!("{}/v1/runs/{run}/events", t.base))
+        .bearer_auth(&t.key_a)
+        .header("content-type", "application/x-ndjson")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!((v["first_seq"].as_i64(), v["last_seq"].as_i64()), (Some(1), Some(2)));
+    let texts: Vec<Value> = t.events(&t.key_a, &run).await.iter().map(|e| e["payload"]["text"].clone()).collect();
+    assert_eq!(texts, vec![json!("a"), json!("b")]);
+}
+
+#[tokio::test]
+async fn sub_runs_record_parent_and_root() {
+    let t = TestApp::new().await;
+    let root = t.create_run(&t.key_a).await;
+    let r = t
+        .http
+        .post(format!("{}/v1/runs", t.base))
+        .bearer_auth(&t.key_a)
+        .json(&json!({"parent_run_id": root}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let child: Value = r.json().await.unwrap();
+    let r = t
+        .http
+        .post(format!("{}/v1/runs", t.base))
+        .bearer_auth(&t.key_a)
+        .json(&json!({"parent_run_id": child["run_id"]}))
+        .send()
+        .await
+        .unwrap();
+    let grandchild: Value = r.json().await.unwrap();
+    assert_eq!(grandchild["parent_run_id"], child["run_id"]);
+    assert_eq!(grandchild["root_run_id"], json!(root));
+    // A parent of another tenant is not found, exactly like a parent that does not exist.
+    let other = t.create_run(&t.key_b).await;
+    let r = t
+        .http
+        .post(format!("{}/v1/runs", t.base))
+        .bearer_auth(&t.key_a)
+        .json(&json!({"parent_run_id": other}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+}

@@ -1,0 +1,278 @@
+//! Test harness: a real PostgreSQL, one fresh schema per test, a real server on
+//! 127.0.0.1:0 spoken to over HTTP.
+//!
+//! The database is `DATABASE_URL` when set, else the local server on 127.0.0.1:5432
+//! (database `test`), else a private cluster started from the machine's binaries.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use agent_stream::app::{App, AppRef, Settings};
+use agent_stream::auth::Scope;
+use agent_stream::storage::{db, migrate, tenants, Db, DbConfig};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tokio::sync::OnceCell;
+
+static BASE_URL: OnceCell<String> = OnceCell::const_new();
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Where the tests' database server is.
+pub async fn base_url() -> String {
+    BASE_URL
+        .get_or_init(|| async {
+            if let Ok(url) = std::env::var("DATABASE_URL") {
+                return url;
+            }
+            let local = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3".to_owned();
+            if tokio_postgres::connect(&local, tokio_postgres::NoTls).await.is_ok() {
+                return local;
+            }
+            private_cluster().await
+        })
+        .await
+        .clone()
+}
+
+/// Fallback: one private cluster shared by every test process, started under a file lock.
+async fn private_cluster() -> String {
+    let dir = std::env::temp_dir().join("agent-stream-test-pg");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let lock = std::fs::File::create(dir.join(".lock")).expect("lock file");
+    let lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).expect("flock");
+    let emb = agent_stream::storage::embedded::Embedded::start(&dir)
+        .await
+        .expect("no database: set DATABASE_URL, run PostgreSQL on 127.0.0.1:5432, or install its binaries");
+    drop(lock);
+    emb.url()
+}
+
+/// A fresh schema with migrations applied.
+pub struct TestDb {
+    /// Owner connection string.
+    pub url: String,
+    /// This test's schema.
+    pub schema: String,
+}
+
+impl TestDb {
+    /// Creates and migrates a new schema.
+    pub async fn new() -> TestDb {
+        let db = TestDb::unmigrated().await;
+        migrate::migrate(&db.url, &db.schema).await.expect("migrate");
+        db
+    }
+
+    /// A schema name no one uses yet, not created.
+    pub async fn unmigrated() -> TestDb {
+        let url = base_url().await;
+        let secs = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let schema = format!("t_{secs}_{}_{n}_{:04x}", std::process::id(), rand::random::<u16>());
+        if n == 0 {
+            sweep_old_schemas(&url, secs).await;
+        }
+        TestDb { url, schema }
+    }
+
+    /// An owner connection with search_path set to the schema.
+    pub async fn owner(&self) -> tokio_postgres::Client {
+        db::connect_owner(&self.url, &self.schema).await.expect("owner connection")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let (url, schema) = (self.url.clone(), self.schema.clone());
+        // Drop runs inside the test's runtime; use a thread with its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            rt.block_on(async {
+                let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.ok()?;
+                tokio::spawn(conn);
+                let sql = format!("SET lock_timeout = '5s'; DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
+                c.batch_execute(&sql).await.ok()
+            })
+        })
+        .join();
+    }
+}
+
+/// Removes schemas left by crashed test runs more than two hours ago.
+async fn sweep_old_schemas(url: &str, now: u64) {
+    let Ok((c, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await else { return };
+    tokio::spawn(conn);
+    let Ok(rows) = c.query("SELECT nspname FROM pg_namespace WHERE nspname LIKE 't\\_%'", &[]).await else {
+        return;
+    };
+    for r in rows {
+        let name: String = r.get(0);
+        let born: Option<u64> = name.split('_').nth(1).and_then(|s| s.parse().ok());
+        if born.is_some_and(|b| b + 7200 < now) {
+            let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE")).await;
+        }
+    }
+}
+
+/// A running server on its own schema with two tenants, `a` and `b`.
+pub struct TestApp {
+    /// `http://127.0.0.1:<port>`
+    pub base: String,
+    /// Read+write key of tenant a.
+    pub key_a: String,
+    /// Read+write key of tenant b.
+    pub key_b: String,
+    /// Tenant ids.
+    pub tenant_a: String,
+    /// Tenant ids.
+    pub tenant_b: String,
+    /// The app behind the server.
+    pub app: AppRef,
+    /// HTTP client.
+    pub http: reqwest::Client,
+    /// The schema (dropped last).
+    pub db: TestDb,
+}
+
+impl TestApp {
+    /// Starts a server with default settings.
+    pub async fn new() -> TestApp {
+        Self::with_settings(Settings::default()).await
+    }
+
+    /// Starts a server with the given settings.
+    pub async fn with_settings(settings: Settings) -> TestApp {
+        let db = TestDb::new().await;
+        let mut owner = db.owner().await;
+        let all = [Scope::Read, Scope::Write];
+        let a = tenants::create_tenant(&mut owner, "a", &all).await.expect("tenant a");
+        let b = tenants::create_tenant(&mut owner, "b", &all).await.expect("tenant b");
+        let pool = Db::new(&DbConfig { url: db.url.clone(), schema: db.schema.clone(), max_connections: 12 })
+            .expect("pool");
+        let app = App::new(pool, settings);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let router = agent_stream::http::router(app.clone());
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        TestApp {
+            base,
+            key_a: a.secret,
+            key_b: b.secret,
+            tenant_a: a.tenant_id,
+            tenant_b: b.tenant_id,
+            app,
+            http: reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("client"),
+            db,
+        }
+    }
+
+    /// Issues another key for tenant `a` with `scopes`.
+    pub async fn key_for_a(&self, scopes: &[Scope]) -> tenants::IssuedKey {
+        let mut owner = self.db.owner().await;
+        tenants::create_key(&mut owner, "a", scopes, None).await.expect("key")
+    }
+
+    /// `POST /v1/runs` as `key`; returns the run id.
+    pub async fn create_run(&self, key: &str) -> String {
+        let r = self.http.post(format!("{}/v1/runs", self.base)).bearer_auth(key).send().await.expect("send");
+        assert_eq!(r.status(), StatusCode::CREATED);
+        let v: Value = r.json().await.expect("json");
+        v["run_id"].as_str().expect("run_id").to_owned()
+    }
+
+    /// `POST /v1/runs/{run}/events` with a JSON body; returns status and body.
+    pub async fn append(&self, key: &str, run: &str, body: &Value) -> (StatusCode, Value) {
+        let r = self
+            .http
+            .post(format!("{}/v1/runs/{run}/events", self.base))
+            .bearer_auth(key)
+            .json(body)
+            .send()
+            .await
+            .expect("send");
+        let status = r.status();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Appends and asserts success; returns `(first_seq, last_seq)`.
+    pub async fn append_ok(&self, key: &str, run: &str, events: Value) -> (i64, i64) {
+        let (s, v) = self.append(key, run, &events).await;
+        assert!(s.is_success(), "append failed: {s} {v}");
+        (v["first_seq"].as_i64().expect("first_seq"), v["last_seq"].as_i64().expect("last_seq"))
+    }
+
+    /// Every stored event of a run, via the HTTP read path.
+    pub async fn events(&self, key: &str, run: &str) -> Vec<Value> {
+        let mut out = vec![];
+        let mut after = 0;
+        loop {
+            let r = self
+                .http
+                .get(format!("{}/v1/runs/{run}/events?after_seq={after}&limit=10000", self.base))
+                .bearer_auth(key)
+                .send()
+                .await
+                .expect("send");
+            assert_eq!(r.status(), StatusCode::OK);
+            let v: Value = r.json().await.expect("json");
+            let page = v["events"].as_array().expect("events").clone();
+            if page.is_empty() {
+                return out;
+            }
+            after = v["next_after_seq"].as_i64().expect("cursor");
+            out.extend(page);
+        }
+    }
+
+    /// Rows stored for a run, counted on the owner connection. The tenant setting makes
+    /// the count right also when the owner is not a superuser (FORCE RLS applies then).
+    pub async fn stored_count(&self, tenant: &str, run: &str) -> i64 {
+        let c = self.db.owner().await;
+        c.batch_execute("BEGIN").await.expect("begin");
+        c.execute("SELECT set_config('agent_stream.tenant_id', $1, true)", &[&tenant]).await.expect("set");
+        let n: i64 = c
+            .query_one("SELECT count(*) FROM agent_run_events WHERE run_id = $1", &[&run])
+            .await
+            .expect("count")
+            .get(0);
+        c.batch_execute("COMMIT").await.expect("commit");
+        n
+    }
+
+    /// A GraphQL request as `key` (or anonymous).
+    pub async fn graphql(&self, key: Option<&str>, query: &str, variables: Value) -> Value {
+        let mut req = self.http.post(format!("{}/graphql", self.base)).json(&json!({"query": query, "variables": variables}));
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        let r = req.send().await.expect("send");
+        r.json().await.expect("json")
+    }
+}
+
+/// One event of each built-in type, in an order the guard accepts, plus a custom one.
+pub fn every_type() -> Value {
+    json!([
+        {"type": "run.lifecycle", "payload": {"state": "planning", "reason": "accepted"}},
+        {"type": "plan.proposal", "payload": {"plan": {"id": "p1", "run_id": "r", "steps": [
+            {"id": "s1", "title": "Research", "intent": "research", "est_tools": ["web.search"], "est_cost_usd": 0.02}
+        ], "est_total_cost_usd": 0.02}}},
+        {"type": "run.lifecycle", "payload": {"state": "running"}},
+        {"type": "message.start", "payload": {"message_id": "m1", "role": "assistant"}},
+        {"type": "reasoning.delta", "payload": {"text": "thinking…", "message_id": "m1"}},
+        {"type": "text.delta", "payload": {"text": "Hello, "}},
+        {"type": "text.delta", "payload": {"text": "world ✓", "message_id": "m1"}},
+        {"type": "message.end", "payload": {"message_id": "m1", "stop_reason": "tool_use", "text": "Hello, world ✓"}},
+        {"type": "tool.start", "payload": {"call_id": "c1", "tool": "browser.navigate", "input": {"url": "https://example.com"}, "skill_id": "compare@0.2.0"}},
+        {"type": "tool.progress", "payload": {"call_id": "c1", "data": {"pct": 50}}},
+        {"type": "tool.end", "payload": {"call_id": "c1", "ok": false, "error": "KAI-TOOL-0001", "duration_ms": 1842, "blob_ref": "blob://x"}},
+        {"type": "step.boundary", "payload": {"step_index": 1, "step_kind": "tool-roundtrip", "checkpoint_id": "ck1"}},
+        {"type": "child.spawn", "payload": {"child_id": "kid", "prompt": "look it up", "tools_allowed": ["web"]}},
+        {"type": "run.lifecycle", "child_id": "kid", "payload": {"state": "running"}},
+        {"type": "text.delta", "child_id": "kid", "payload": {"text": "child text"}},
+        {"type": "compaction.start", "payload": {}},
+        {"type": "compaction.end", "payload": {"removed": 24, "kept": 8, "tokens_removed": 45000, "tokens_kept": 12000, "reason": "tokens"}},
+        {"type": "custom.note", "payload": {"anything": [1, 2, {"x": null}]}},
+        {"type": "run.lifecycle", "payload": {"state": "done", "reason": "finished"}}
+    ])
+}

@@ -1,0 +1,10 @@
+//! Integration tests: a real PostgreSQL, a real server, the real wire protocols.
+
+mod append;
+mod auth;
+mod common;
+mod embedded;
+mod graphql;
+mod migrations;
+mod tenancy;
+mod validation;

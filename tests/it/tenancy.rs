@@ -1,0 +1,110 @@
+//! Row-level security and the append-only rule, checked in SQL as the service role.
+
+use agent_stream::storage::db::SERVICE_ROLE;
+use serde_json::json;
+
+use crate::common::TestApp;
+
+/// Runs `sql` as the service role with `tenant`'s setting and returns the first column.
+async fn as_service(t: &TestApp, tenant: &str, sql: &str) -> Result<i64, tokio_postgres::Error> {
+    let c = t.db.owner().await;
+    c.batch_execute(&format!("SET ROLE {SERVICE_ROLE}; BEGIN")).await?;
+    c.execute("SELECT set_config('agent_stream.tenant_id', $1, true)", &[&tenant]).await?;
+    let n = c.query_one(sql, &[]).await.map(|r| r.get::<_, i64>(0));
+    let _ = c.batch_execute("ROLLBACK").await;
+    n
+}
+
+#[tokio::test]
+async fn tenant_b_sees_none_of_tenant_as_rows_even_without_a_filter() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "custom.a", "payload": {}}, {"type": "custom.b", "payload": {}}])).await;
+
+    let unfiltered = "SELECT count(*) FROM agent_run_events";
+    assert_eq!(as_service(&t, &t.tenant_a, unfiltered).await.unwrap(), 2, "tenant a sees its rows");
+    assert_eq!(as_service(&t, &t.tenant_b, unfiltered).await.unwrap(), 0, "tenant b sees none");
+    assert_eq!(as_service(&t, &t.tenant_b, "SELECT count(*) FROM runs").await.unwrap(), 0);
+    assert_eq!(as_service(&t, &t.tenant_b, "SELECT count(*) FROM tenants").await.unwrap(), 1, "only itself");
+    assert_eq!(as_service(&t, "", unfiltered).await.unwrap(), 0, "no tenant set: nothing");
+
+    // Writing a row for another tenant is refused by the policy's WITH CHECK.
+    let forged = format!(
+        "WITH i AS (INSERT INTO agent_run_events (tenant_id, run_id, seq, id, ts, type, payload)
+         VALUES ('{}', '{run}', 99, 'x', now(), 'custom.x', '{{}}') RETURNING 1) SELECT count(*) FROM i",
+        t.tenant_a
+    );
+    let err = as_service(&t, &t.tenant_b, &forged).await.unwrap_err();
+    assert!(err.to_string().contains("row-level security") || format!("{err:?}").contains("row-level security"), "{err:?}");
+    // The service role cannot read the key table at all.
+    assert!(as_service(&t, &t.tenant_a, "SELECT count(*) FROM api_keys").await.is_err());
+}
+
+#[tokio::test]
+async fn the_log_is_append_only_for_the_service_role() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "custom.a", "payload": {}}])).await;
+    for sql in [
+        "WITH u AS (UPDATE agent_run_events SET type = 'custom.z' RETURNING 1) SELECT count(*) FROM u",
+        "WITH d AS (DELETE FROM agent_run_events RETURNING 1) SELECT count(*) FROM d",
+        "WITH d AS (DELETE FROM runs RETURNING 1) SELECT count(*) FROM d",
+    ] {
+        let err = as_service(&t, &t.tenant_a, sql).await.unwrap_err();
+        let msg = format!("{err:?}");
+        assert!(msg.contains("permission denied"), "{sql}: {msg}");
+    }
+    assert_eq!(t.stored_count(&t.tenant_a, &run).await, 1);
+}
+
+#[tokio::test]
+async fn the_service_role_is_neither_owner_nor_superuser() {
+    let t = TestApp::new().await;
+    let c = t.db.owner().await;
+    let row = c
+        .query_one("SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = $1", &[&SERVICE_ROLE])
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, bool>(0), row.get::<_, bool>(1)), (false, false));
+    let owner: String = c
+        .query_one("SELECT tableowner::text FROM pg_tables WHERE schemaname = $1 AND tablename = 'agent_run_events'", &[&t.db.schema])
+        .await
+        .unwrap()
+        .get(0);
+    assert_ne!(owner, SERVICE_ROLE);
+    // And the pool really runs as it.
+    let pooled = t.app.db.pool.get().await.unwrap();
+    let who: String = pooled.query_one("SELECT current_user::text", &[]).await.unwrap().get(0);
+    assert_eq!(who, SERVICE_ROLE);
+}
+
+#[tokio::test]
+async fn every_key_of_the_log_carries_the_distribution_column() {
+    let t = TestApp::new().await;
+    let c = t.db.owner().await;
+    // Primary and unique constraints/indexes of the distributed tables.
+    let rows = c
+        .query(
+            "SELECT c.relname::text, i.indexrelid::regclass::text,
+                    bool_or(a.attname = 'tenant_id')
+             FROM pg_index i
+             JOIN pg_class c ON c.oid = i.indrelid
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY(i.indkey)
+             WHERE n.nspname = $1 AND c.relname IN ('runs', 'agent_run_events') AND (i.indisunique OR i.indisprimary)
+             GROUP BY 1, 2",
+            &[&t.db.schema],
+        )
+        .await
+        .unwrap();
+    assert!(rows.len() >= 3, "{rows:?}");
+    for r in rows {
+        assert!(r.get::<_, bool>(2), "{} / {} lacks tenant_id", r.get::<_, String>(0), r.get::<_, String>(1));
+    }
+    let seqs: i64 = c
+        .query_one("SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'S'", &[&t.db.schema])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(seqs, 0, "no sequences: ids and seqs are assigned by the service");
+}

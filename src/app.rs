@@ -58,10 +58,9 @@ impl App {
                 "no API key: send `Authorization: Bearer <key>` (or `?access_token=<key>` from a browser)",
             ));
         };
-        self.auth
-            .lookup(&self.db, key)
-            .await?
-            .ok_or_else(|| Error::reject(ErrorCode::AuthInvalid, "the API key is not valid (unknown or revoked)"))
+        self.auth.lookup(&self.db, key).await?.ok_or_else(|| {
+            Error::reject(ErrorCode::AuthInvalid, "the API key is not valid (unknown or revoked)")
+        })
     }
 
     /// Creates a run, optionally as a sub-run of `parent`.

@@ -117,8 +117,11 @@ const AUTH_CACHE_MAX: usize = 10_000;
 /// producer does not pay a database round trip per request.
 #[derive(Default)]
 pub struct Authenticator {
-    cache: Mutex<HashMap<[u8; 32], (Option<Principal>, Instant)>>,
+    cache: Mutex<HashMap<[u8; 32], Cached>>,
 }
+
+/// A lookup answer and when it was made.
+type Cached = (Option<Principal>, Instant);
 
 impl Authenticator {
     /// Looks a presented key up; `Ok(None)` when it is unknown or revoked.
@@ -151,7 +154,7 @@ impl Authenticator {
         Ok(principal)
     }
 
-    fn cache_get(&self, hash: &[u8; 32]) -> Option<(Option<Principal>, Instant)> {
+    fn cache_get(&self, hash: &[u8; 32]) -> Option<Cached> {
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(hash).cloned()
     }
 }

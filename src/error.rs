@@ -215,11 +215,7 @@ fn is_unavailable(e: &tokio_postgres::Error) -> bool {
             let c = code.code();
             // Class 08: connection exceptions; 57P: operator intervention (shutdown,
             // cannot connect now); 53: insufficient resources; 40001/40P01: retryable.
-            c.starts_with("08")
-                || c.starts_with("57P")
-                || c.starts_with("53")
-                || c == "40001"
-                || c == "40P01"
+            c.starts_with("08") || c.starts_with("57P") || c.starts_with("53") || c == "40001" || c == "40P01"
         }
         // No SQLSTATE means the error came from the socket, not the server.
         None => true,

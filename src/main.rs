@@ -11,7 +11,11 @@ use agent_stream::storage::tenants;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "agent-stream", version, about = "Durable, multi-tenant event log and live stream for AI-agent runs")]
+#[command(
+    name = "agent-stream",
+    version,
+    about = "Durable, multi-tenant event log and live stream for AI-agent runs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -33,7 +37,11 @@ struct DbArgs {
 
 impl DbArgs {
     fn choice(&self) -> DbChoice {
-        DbChoice { url: self.database_url.clone(), data_dir: self.data_dir.clone(), schema: self.schema.clone() }
+        DbChoice {
+            url: self.database_url.clone(),
+            data_dir: self.data_dir.clone(),
+            schema: self.schema.clone(),
+        }
     }
 }
 
@@ -133,7 +141,10 @@ fn init_tracing() {
 
 fn parse_scopes(list: &[String]) -> anyhow::Result<Vec<Scope>> {
     list.iter()
-        .map(|s| Scope::parse(s.trim()).ok_or_else(|| anyhow::anyhow!("unknown scope `{s}`: use read, write or admin")))
+        .map(|s| {
+            Scope::parse(s.trim())
+                .ok_or_else(|| anyhow::anyhow!("unknown scope `{s}`: use read, write or admin"))
+        })
         .collect()
 }
 
@@ -155,11 +166,30 @@ async fn with_owner<T>(
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     init_tracing();
     let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` prints the cause chain on one line; no backtrace for a user's mistake.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve { db, listen, pool_size, cors_origin, max_body_bytes, max_event_bytes, max_batch_events } => {
+        Command::Serve {
+            db,
+            listen,
+            pool_size,
+            cors_origin,
+            max_body_bytes,
+            max_event_bytes,
+            max_batch_events,
+        } => {
             let settings = Settings {
                 limits: Limits { max_event_bytes, max_batch_events },
                 max_body_bytes,
@@ -176,16 +206,20 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Tenant { cmd: TenantCmd::Create { name, db } } => {
-            let key = with_owner(&db, async |c| Ok(tenants::create_tenant(c, &name, &[Scope::Read, Scope::Write]).await?))
-                .await?;
+            let key = with_owner(&db, async |c| {
+                Ok(tenants::create_tenant(c, &name, &[Scope::Read, Scope::Write]).await?)
+            })
+            .await?;
             println!("created tenant `{name}` ({}); its read+write API key:", key.tenant_id);
             println!("{}", key.secret);
             Ok(())
         }
         Command::Key { cmd: KeyCmd::Create { tenant, scopes, label, db } } => {
             let scopes = parse_scopes(&scopes)?;
-            let key =
-                with_owner(&db, async |c| Ok(tenants::create_key(c, &tenant, &scopes, label.as_deref()).await?)).await?;
+            let key = with_owner(&db, async |c| {
+                Ok(tenants::create_key(c, &tenant, &scopes, label.as_deref()).await?)
+            })
+            .await?;
             println!("new key {} for tenant `{tenant}`:", key.key_id);
             println!("{}", key.secret);
             Ok(())

@@ -107,7 +107,8 @@ async fn serve_on(database: &Database, opts: &ServeOptions) -> anyhow::Result<()
     })?;
     db.check().await.context("connecting as the service role")?;
     let app = App::new(db, settings);
-    let listener = TcpListener::bind(opts.listen).await.with_context(|| format!("binding {}", opts.listen))?;
+    let listener =
+        TcpListener::bind(opts.listen).await.with_context(|| format!("binding {}", opts.listen))?;
     let addr = listener.local_addr()?;
     println!("agent-stream listening on http://{addr} (GraphiQL at http://{addr}/graphql)");
     axum::serve(listener, crate::http::router(app)).with_graceful_shutdown(shutdown_signal()).await?;

@@ -373,9 +373,7 @@ fn typed<T: serde::de::DeserializeOwned>(type_name: &str, payload: Value) -> Res
 fn valid_custom_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 128
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
 }
 
 impl EventBody {
@@ -400,8 +398,9 @@ impl EventBody {
             other => match other.strip_prefix(CUSTOM_PREFIX) {
                 Some(name) if valid_custom_name(name) => Custom { name: name.to_owned(), payload },
                 Some(_) => {
-                    return Err(BodyError::UnknownType(format!(
-                        "{other}` (custom names are 1-128 characters of letters, digits, `_-.:`"
+                    return Err(BodyError::InvalidPayload(format!(
+                        "invalid custom event type `{other}`: the name after `custom.` must be 1-128 \
+                         letters, digits or `_-.:`"
                     )))
                 }
                 None => return Err(BodyError::UnknownType(other.to_owned())),
@@ -461,10 +460,7 @@ impl EventBody {
 
     /// True for the control-plane events that SSE never batches or drops.
     pub fn is_control(&self) -> bool {
-        !matches!(
-            self,
-            EventBody::TextDelta(_) | EventBody::ReasoningDelta(_) | EventBody::Custom { .. }
-        )
+        !matches!(self, EventBody::TextDelta(_) | EventBody::ReasoningDelta(_) | EventBody::Custom { .. })
     }
 }
 

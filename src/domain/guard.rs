@@ -176,7 +176,10 @@ impl RunGuard {
                     None => self.scope_mut(&scope).open.last().cloned().ok_or_else(|| {
                         Rejection::new(
                             ErrorCode::MessageUnknown,
-                            format!("`message.end` without message_id, but {} has no open message", scope_name(&scope)),
+                            format!(
+                                "`message.end` without message_id, but {} has no open message",
+                                scope_name(&scope)
+                            ),
                         )
                     })?,
                 };
@@ -194,7 +197,8 @@ impl RunGuard {
                             // With no streamed text the end's text *is* the content (a
                             // non-streaming producer); otherwise it must match exactly.
                             if *text_len > 0
-                                && (*text_len != text.len() || *text_hash != fnv1a(FNV_OFFSET, text.as_bytes()))
+                                && (*text_len != text.len()
+                                    || *text_hash != fnv1a(FNV_OFFSET, text.as_bytes()))
                             {
                                 return Err(Rejection::new(
                                     ErrorCode::MessageTextMismatch,
@@ -253,7 +257,7 @@ impl RunGuard {
                 if origin == Origin::Producer {
                     return Err(Rejection::new(
                         ErrorCode::Reserved,
-                        "`plan.decision` is written by the service when a user decides; use the approvePlan / rejectPlan mutations",
+                        "`plan.decision` is written by the service when a user approves or rejects a plan; producers cannot append it",
                     ));
                 }
                 let st = self.scope_mut(&scope);
@@ -291,13 +295,13 @@ impl RunGuard {
                         format!("child `{child}` was never spawned; send `child.spawn` first"),
                     ))
                 }
-                Some(ScopeState { state: Some(st), .. }) if st.is_terminal() => {
-                    return Err(Rejection::new(
-                        ErrorCode::RunClosed,
-                        format!("child `{child}` ended with state `{st}`; nothing can be appended to it"),
-                    ))
+                Some(s) => {
+                    if let Some(st) = s.state.filter(|st| st.is_terminal()) {
+                        let msg =
+                            format!("child `{child}` ended with state `{st}`; nothing can be appended to it");
+                        return Err(Rejection::new(ErrorCode::RunClosed, msg));
+                    }
                 }
-                Some(_) => {}
             }
         }
         Ok(())
@@ -330,8 +334,7 @@ impl RunGuard {
             // Only reachable when a producer used our implicit id scheme themselves.
             return Err(ended_message(&id));
         }
-        self.messages
-            .insert((scope.clone(), id.clone()), Msg::Open { text_len: 0, text_hash: FNV_OFFSET });
+        self.messages.insert((scope.clone(), id.clone()), Msg::Open { text_len: 0, text_hash: FNV_OFFSET });
         self.scope_mut(scope).open.push_back(id.clone());
         Ok((id, true))
     }

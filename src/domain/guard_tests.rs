@@ -27,7 +27,8 @@ fn implicit_message_and_resolution() {
     let r = g.apply(2, None, &ev("text.delta", json!({"text": "b"})), Origin::Producer).unwrap();
     assert_eq!(r, Resolution::Message { id: "msg-1".into(), implicit: false });
     g.apply(3, None, &ev("message.end", json!({"text": "ab"})), Origin::Producer).unwrap();
-    let e = g.apply(4, None, &ev("text.delta", json!({"text": "c", "message_id": "msg-1"})), Origin::Producer);
+    let e =
+        g.apply(4, None, &ev("text.delta", json!({"text": "c", "message_id": "msg-1"})), Origin::Producer);
     assert_eq!(e.unwrap_err().code, ErrorCode::MessageEnded);
 }
 
@@ -58,7 +59,10 @@ fn end_text_must_match_streamed_text() {
 
 #[test]
 fn lifecycle_table_and_terminal_states() {
-    assert_eq!(run(&[(None, "run.lifecycle", json!({"state": "done"}))]).unwrap_err(), (ErrorCode::LifecycleIllegal, 0));
+    assert_eq!(
+        run(&[(None, "run.lifecycle", json!({"state": "done"}))]).unwrap_err(),
+        (ErrorCode::LifecycleIllegal, 0)
+    );
     let closed = run(&[
         (None, "run.lifecycle", json!({"state": "running"})),
         (None, "run.lifecycle", json!({"state": "done"})),

@@ -245,7 +245,8 @@ mod tests {
             Framing::Json,
         )
         .unwrap();
-        let n = parse("\n{\"type\":\"text.delta\",\"payload\":{\"text\":\"hi\"}}\r\n\n", Framing::Ndjson).unwrap();
+        let n = parse("\n{\"type\":\"text.delta\",\"payload\":{\"text\":\"hi\"}}\r\n\n", Framing::Ndjson)
+            .unwrap();
         assert_eq!(a.events, o.events);
         assert_eq!(a.events, n.events);
         assert_eq!(o.expected_last_seq, Some(3));
@@ -262,7 +263,8 @@ mod tests {
         let r = parse(r#"[{"type":"tool.start","payload":{"call_id":"c"}}]"#, Framing::Json).unwrap_err();
         assert_eq!(r.code, ErrorCode::InvalidPayload);
         assert!(r.message.contains("tool"), "{}", r.message);
-        let r = parse(r#"[{"type":"text.delta","seq":4,"payload":{"text":"a"}}]"#, Framing::Json).unwrap_err();
+        let r =
+            parse(r#"[{"type":"text.delta","seq":4,"payload":{"text":"a"}}]"#, Framing::Json).unwrap_err();
         assert_eq!(r.code, ErrorCode::EventMalformed);
         assert!(r.message.contains("`seq`"));
     }
@@ -273,7 +275,8 @@ mod tests {
         let big = format!(r#"[{{"type":"text.delta","payload":{{"text":"{}"}}}}]"#, "x".repeat(100));
         let r = parse_batch(big.as_bytes(), Framing::Json, limits).unwrap_err();
         assert_eq!((r.code, r.index), (ErrorCode::EventTooLarge, Some(0)));
-        let three = r#"[{"type":"compaction.start"},{"type":"compaction.start"},{"type":"compaction.start"}]"#;
+        let three =
+            r#"[{"type":"compaction.start"},{"type":"compaction.start"},{"type":"compaction.start"}]"#;
         let r = parse_batch(three.as_bytes(), Framing::Json, limits).unwrap_err();
         assert_eq!(r.code, ErrorCode::BatchTooLarge);
         assert_eq!(parse("  ", Framing::Json).unwrap_err().code, ErrorCode::BatchEmpty);

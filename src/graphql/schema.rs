@@ -148,8 +148,13 @@ pub struct Mutation;
 #[Object]
 impl Mutation {
     /// Creates a run, optionally as a sub-run of `parentRunId`.
-    async fn create_run(&self, ctx: &Context<'_>, parent_run_id: Option<ID>) -> async_graphql::Result<GqlRun> {
-        let run = app(ctx)?.create_run(caller(ctx)?, parent_run_id.as_ref().map(|p| p.as_str())).await.gql()?;
+    async fn create_run(
+        &self,
+        ctx: &Context<'_>,
+        parent_run_id: Option<ID>,
+    ) -> async_graphql::Result<GqlRun> {
+        let run =
+            app(ctx)?.create_run(caller(ctx)?, parent_run_id.as_ref().map(|p| p.as_str())).await.gql()?;
         Ok(run.into())
     }
 

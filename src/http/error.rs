@@ -16,8 +16,12 @@ pub fn status(code: ErrorCode) -> StatusCode {
         AuthMissing | AuthInvalid => StatusCode::UNAUTHORIZED,
         AuthScope => StatusCode::FORBIDDEN,
         RunNotFound | NotFound => StatusCode::NOT_FOUND,
-        RunClosed | SeqConflict | IdempotencyMismatch | AlreadyExists | PlanNotPending => StatusCode::CONFLICT,
-        BodyMalformed | EventMalformed | InvalidParameter | BatchEmpty | KeyRepeated => StatusCode::BAD_REQUEST,
+        RunClosed | SeqConflict | IdempotencyMismatch | AlreadyExists | PlanNotPending => {
+            StatusCode::CONFLICT
+        }
+        BodyMalformed | EventMalformed | InvalidParameter | BatchEmpty | KeyRepeated => {
+            StatusCode::BAD_REQUEST
+        }
         UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         BodyTooLarge | BatchTooLarge | EventTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         UnknownType | InvalidPayload | Reserved | ToolUnknownCall | ToolDuplicateCall | ToolCallEnded

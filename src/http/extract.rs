@@ -20,10 +20,7 @@ pub struct Caller(pub Principal);
 pub fn presented_key(parts: &Parts) -> Result<Option<String>> {
     if let Some(v) = parts.headers.get(header::AUTHORIZATION) {
         let v = v.to_str().map_err(|_| bad_auth())?;
-        let key = v
-            .strip_prefix("Bearer ")
-            .or_else(|| v.strip_prefix("bearer "))
-            .ok_or_else(bad_auth)?;
+        let key = v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")).ok_or_else(bad_auth)?;
         return Ok(Some(key.trim().to_owned()));
     }
     // Browsers' EventSource cannot set headers, so streams accept the key in the URL.
@@ -53,9 +50,9 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Params<
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self> {
-        Query::<T>::try_from_uri(&parts.uri)
-            .map(|q| Params(q.0))
-            .map_err(|e| Error::reject(ErrorCode::InvalidParameter, format!("invalid query string: {}", e.body_text())))
+        Query::<T>::try_from_uri(&parts.uri).map(|q| Params(q.0)).map_err(|e| {
+            Error::reject(ErrorCode::InvalidParameter, format!("invalid query string: {}", e.body_text()))
+        })
     }
 }
 
@@ -84,7 +81,8 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
     let too_large = || {
         Error::reject(ErrorCode::BodyTooLarge, format!("the request body exceeds the limit of {limit} bytes"))
     };
-    if let Some(len) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) {
+    if let Some(len) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    {
         if len > limit as u64 {
             return Err(too_large());
         }
@@ -92,6 +90,8 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
     match Limited::new(body, limit).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large()),
-        Err(e) => Err(Error::reject(ErrorCode::BodyMalformed, format!("could not read the request body: {e}"))),
+        Err(e) => {
+            Err(Error::reject(ErrorCode::BodyMalformed, format!("could not read the request body: {e}")))
+        }
     }
 }

@@ -11,7 +11,8 @@ use axum::routing::{get, post};
 use axum::Router;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use tracing::Level;
 
 use crate::app::AppRef;
 use crate::error::{Error, ErrorCode};
@@ -36,7 +37,8 @@ pub fn router(app: AppRef) -> Router {
             TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
                 let id = req.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("-");
                 tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
-            }),
+            })
+            .on_response(DefaultOnResponse::new().level(Level::INFO)),
         )
         .layer(SetRequestIdLayer::new(REQUEST_ID.clone(), MakeRequestUuid))
 }
@@ -49,7 +51,11 @@ fn cors(origins: &Option<Vec<String>>) -> CorsLayer {
     CorsLayer::new()
         .allow_origin(allow)
         .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
-        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE, header::HeaderName::from_static("last-event-id")])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::HeaderName::from_static("last-event-id"),
+        ])
         .expose_headers([REQUEST_ID.clone()])
         .max_age(Duration::from_secs(600))
 }

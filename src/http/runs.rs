@@ -20,7 +20,12 @@ pub(crate) struct CreateRun {
 }
 
 /// `POST /v1/runs` with an optional `{"parent_run_id": ...}` body.
-pub(crate) async fn create(State(app): State<AppRef>, Caller(who): Caller, headers: HeaderMap, body: Body) -> Result<Response> {
+pub(crate) async fn create(
+    State(app): State<AppRef>,
+    Caller(who): Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response> {
     let bytes = read_body(&headers, body, 64 << 10).await?;
     let req: CreateRun = if bytes.iter().all(u8::is_ascii_whitespace) {
         CreateRun::default()
@@ -33,7 +38,11 @@ pub(crate) async fn create(State(app): State<AppRef>, Caller(who): Caller, heade
 }
 
 /// `GET /v1/runs/{run_id}`
-pub(crate) async fn get(State(app): State<AppRef>, Caller(who): Caller, Path(run_id): Path<String>) -> Result<Response> {
+pub(crate) async fn get(
+    State(app): State<AppRef>,
+    Caller(who): Caller,
+    Path(run_id): Path<String>,
+) -> Result<Response> {
     Ok(Json(app.run(&who, &run_id).await?).into_response())
 }
 
@@ -107,5 +116,6 @@ pub(crate) async fn list(
 ) -> Result<Response> {
     let (run, events) = app.events(&who, &run_id, p.after_seq, p.limit).await?;
     let next = events.last().map_or(p.after_seq, |e| e.seq);
-    Ok(Json(EventPage { run_id: run.run_id, last_seq: run.last_seq, next_after_seq: next, events }).into_response())
+    Ok(Json(EventPage { run_id: run.run_id, last_seq: run.last_seq, next_after_seq: next, events })
+        .into_response())
 }

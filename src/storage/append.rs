@@ -158,8 +158,11 @@ pub async fn append(
         )
         .await?;
     let last_id_str = id_strs.last().cloned();
-    tx.execute(&update, &[&tenant, &run_id, &new_last, &last_id_str, &state.map(|s| s.as_str()), &now, &ended])
-        .await?;
+    tx.execute(
+        &update,
+        &[&tenant, &run_id, &new_last, &last_id_str, &state.map(|s| s.as_str()), &now, &ended],
+    )
+    .await?;
     tx.commit().await?;
     *cached = Some(guard);
     Ok(AppendOutcome { first_seq: last_seq + 1, last_seq: new_last, replayed: false })
@@ -189,10 +192,8 @@ async fn replay_if_retry(
     if rows.is_empty() {
         return Ok(None);
     }
-    let stored: HashMap<String, (i64, String, Option<String>, serde_json::Value)> = rows
-        .into_iter()
-        .map(|r| (r.get::<_, String>(0), (r.get(1), r.get(2), r.get(3), r.get(4))))
-        .collect();
+    let stored: HashMap<String, (i64, String, Option<String>, serde_json::Value)> =
+        rows.into_iter().map(|r| (r.get::<_, String>(0), (r.get(1), r.get(2), r.get(3), r.get(4)))).collect();
     let mut first = i64::MAX;
     let mut last = i64::MIN;
     for (i, e) in events.iter().enumerate() {
@@ -223,7 +224,11 @@ async fn replay_if_retry(
 }
 
 /// Folds the stored log into a guard (after a restart, or when another process appended).
-async fn rebuild_guard(tx: &deadpool_postgres::Transaction<'_>, tenant: &str, run_id: &str) -> Result<RunGuard> {
+async fn rebuild_guard(
+    tx: &deadpool_postgres::Transaction<'_>,
+    tenant: &str,
+    run_id: &str,
+) -> Result<RunGuard> {
     let mut guard = RunGuard::new();
     let events = stream_after(tx, tenant, run_id, 0).await?;
     futures::pin_mut!(events);

@@ -4,8 +4,8 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod};
 use deadpool_postgres::{ClientWrapper, Transaction};
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::{Client, NoTls};
 
 use crate::error::{Error, Result};

@@ -20,7 +20,8 @@ use tokio::process::Command;
 pub const DATABASE: &str = "agent_stream";
 
 /// What to tell a user whose machine has no PostgreSQL server binaries.
-pub const INSTALL_HINT: &str = "PostgreSQL server binaries (initdb, pg_ctl, postgres) were not found on PATH \
+pub const INSTALL_HINT: &str =
+    "PostgreSQL server binaries (initdb, pg_ctl, postgres) were not found on PATH \
 or under /usr/lib/postgresql/*/bin. Install them — Debian/Ubuntu: `apt-get install postgresql`; \
 Fedora: `dnf install postgresql-server`; macOS: `brew install postgresql@16` — \
 or point agent-stream at an existing server with DATABASE_URL=postgres://user@host/db.";
@@ -148,7 +149,9 @@ impl Embedded {
 
     /// The cluster user must be able to walk down to the data directory.
     fn check_reachable(&self, data_dir: &Path) -> anyhow::Result<()> {
-        let Some(user) = &self.run_as else { return Ok(()) };
+        let Some(user) = &self.run_as else {
+            return Ok(());
+        };
         chown(data_dir, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
             .with_context(|| format!("handing {} to the postgres user", data_dir.display()))?;
         for dir in data_dir.ancestors().skip(1) {

@@ -4,8 +4,8 @@
 //! live hub, SSE and JSONL) goes through [`read_after`] or [`stream_after`], so
 //! catch-up and live reads cannot disagree about what comes after a cursor.
 
-use futures::{Stream, StreamExt, TryStreamExt};
 use deadpool_postgres::GenericClient;
+use futures::{Stream, StreamExt, TryStreamExt};
 use tokio_postgres::Row;
 use ulid::Ulid;
 

@@ -80,9 +80,9 @@ async fn apply_all(client: &mut tokio_postgres::Client, schema: &str) -> Result<
         }
         let tx = client.transaction().await?;
         tx.batch_execute(&format!("SET LOCAL search_path TO {q}")).await?;
-        tx.batch_execute(m.sql).await.map_err(|e| {
-            Error::Internal(anyhow::anyhow!("migration {} failed: {}", m.name, describe(&e)))
-        })?;
+        tx.batch_execute(m.sql)
+            .await
+            .map_err(|e| Error::Internal(anyhow::anyhow!("migration {} failed: {}", m.name, describe(&e))))?;
         tx.execute(
             &format!("INSERT INTO {q}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)"),
             &[&m.version, &m.name, &sum],
@@ -94,7 +94,11 @@ async fn apply_all(client: &mut tokio_postgres::Client, schema: &str) -> Result<
     if let Some(newest) = rows.iter().map(|r| r.get::<_, i32>(0)).max() {
         let known = MIGRATIONS.iter().map(|m| m.version).max().unwrap_or(0);
         if newest > known {
-            tracing::warn!(newest, known, "the database has migrations this binary does not know; is it older than the schema?");
+            tracing::warn!(
+                newest,
+                known,
+                "the database has migrations this binary does not know; is it older than the schema?"
+            );
         }
     }
     Ok(report)

@@ -51,7 +51,10 @@ pub fn run_not_found(run_id: &str) -> Error {
 /// Checks that a path or body id is a ULID before any query runs.
 pub fn parse_run_id(s: &str) -> Result<String> {
     Ulid::from_string(s).map(|u| u.to_string()).map_err(|_| {
-        Error::reject(ErrorCode::InvalidParameter, format!("`{}` is not a run id (a 26-character ULID)", truncate(s)))
+        Error::reject(
+            ErrorCode::InvalidParameter,
+            format!("`{}` is not a run id (a 26-character ULID)", truncate(s)),
+        )
     })
 }
 

@@ -46,7 +46,12 @@ pub async fn create_tenant(client: &mut Client, name: &str, scopes: &[Scope]) ->
 }
 
 /// Issues another key for the tenant called `name`.
-pub async fn create_key(client: &mut Client, name: &str, scopes: &[Scope], label: Option<&str>) -> Result<IssuedKey> {
+pub async fn create_key(
+    client: &mut Client,
+    name: &str,
+    scopes: &[Scope],
+    label: Option<&str>,
+) -> Result<IssuedKey> {
     let tx = client.transaction().await?;
     let row = tx.query_opt("SELECT tenant_id FROM tenants WHERE name = $1", &[&name]).await?;
     let Some(row) = row else {
@@ -61,7 +66,10 @@ pub async fn create_key(client: &mut Client, name: &str, scopes: &[Scope], label
 /// Revokes a key by its public id; true when a live key was revoked.
 pub async fn revoke_key(client: &Client, key_id: &str) -> Result<bool> {
     let n = client
-        .execute("UPDATE api_keys SET revoked_at = now() WHERE key_id = $1 AND revoked_at IS NULL", &[&key_id])
+        .execute(
+            "UPDATE api_keys SET revoked_at = now() WHERE key_id = $1 AND revoked_at IS NULL",
+            &[&key_id],
+        )
         .await?;
     Ok(n == 1)
 }

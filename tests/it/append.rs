@@ -43,18 +43,27 @@ async fn every_event_type_round_trips_through_the_log() {
 async fn plan_decision_round_trips_when_the_service_writes_it() {
     let t = TestApp::new().await;
     let run = t.create_run(&t.key_a).await;
-    t.append_ok(&t.key_a, &run, json!([
-        {"type": "run.lifecycle", "payload": {"state": "planning"}},
-        {"type": "plan.proposal", "payload": {"plan": {"id": "p1", "steps": []}}},
-        {"type": "run.lifecycle", "payload": {"state": "awaiting_approval"}}
-    ]))
+    t.append_ok(
+        &t.key_a,
+        &run,
+        json!([
+            {"type": "run.lifecycle", "payload": {"state": "planning"}},
+            {"type": "plan.proposal", "payload": {"plan": {"id": "p1", "steps": []}}},
+            {"type": "run.lifecycle", "payload": {"state": "awaiting_approval"}}
+        ]),
+    )
     .await;
     let decision = json!({"plan_id": "p1", "decision": "approved", "reason": "lgtm", "decided_by": "key1"});
     let batch = Batch {
-        events: vec![NewEvent { child_id: None, key: None, body: EventBody::parse("plan.decision", decision.clone()).unwrap() }],
+        events: vec![NewEvent {
+            child_id: None,
+            key: None,
+            body: EventBody::parse("plan.decision", decision.clone()).unwrap(),
+        }],
         expected_last_seq: Some(3),
     };
-    let out = storage::append(&t.app.db, &t.app.guards, &t.tenant_a, &run, &batch, Origin::Service).await.unwrap();
+    let out =
+        storage::append(&t.app.db, &t.app.guards, &t.tenant_a, &run, &batch, Origin::Service).await.unwrap();
     assert_eq!((out.first_seq, out.last_seq), (4, 4));
     let stored = t.events(&t.key_a, &run).await;
     assert_eq!(stored[3]["type"], "plan.decision");
@@ -138,7 +147,10 @@ async fn idempotent_retry_returns_the_original_seqs_and_writes_nothing() {
         {"type": "text.delta", "payload": {"text": "w"}, "key": "k9"}
     ]);
     let (s4, v4) = t.append(&t.key_a, &run, &mixed).await;
-    assert_eq!((s4, v4["error"]["code"].as_str(), v4["error"]["index"].as_u64()), (StatusCode::CONFLICT, Some("IDEMPOTENCY-MISMATCH"), Some(1)));
+    assert_eq!(
+        (s4, v4["error"]["code"].as_str(), v4["error"]["index"].as_u64()),
+        (StatusCode::CONFLICT, Some("IDEMPOTENCY-MISMATCH"), Some(1))
+    );
     assert_eq!(t.stored_count(&t.tenant_a, &run).await, 4);
 
     // Retries racing each other: exactly one write.
@@ -190,7 +202,8 @@ async fn ndjson_bodies_append_like_arrays() {
     assert_eq!(r.status(), StatusCode::CREATED);
     let v: Value = r.json().await.unwrap();
     assert_eq!((v["first_seq"].as_i64(), v["last_seq"].as_i64()), (Some(1), Some(2)));
-    let texts: Vec<Value> = t.events(&t.key_a, &run).await.iter().map(|e| e["payload"]["text"].clone()).collect();
+    let texts: Vec<Value> =
+        t.events(&t.key_a, &run).await.iter().map(|e| e["payload"]["text"].clone()).collect();
     assert_eq!(texts, vec![json!("a"), json!("b")]);
 }
 

@@ -23,7 +23,13 @@ async fn missing_malformed_and_unknown_keys_get_401() {
     assert_eq!(code(r).await, (StatusCode::UNAUTHORIZED, "AUTH-MISSING".into()));
     let r = t.http.post(&url).header("authorization", "Basic dXNlcjpwYXNz").send().await.unwrap();
     assert_eq!(code(r).await, (StatusCode::UNAUTHORIZED, "AUTH-INVALID".into()));
-    let r = t.http.post(&url).bearer_auth("ask_000000000000_000000000000000000000000000000000000000000000000").send().await.unwrap();
+    let r = t
+        .http
+        .post(&url)
+        .bearer_auth("ask_000000000000_000000000000000000000000000000000000000000000000")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(code(r).await, (StatusCode::UNAUTHORIZED, "AUTH-INVALID".into()));
     let r = t.http.post(&url).bearer_auth("garbage").send().await.unwrap();
     assert_eq!(code(r).await, (StatusCode::UNAUTHORIZED, "AUTH-INVALID".into()));

@@ -100,7 +100,9 @@ impl Drop for TestDb {
 
 /// Removes schemas left by crashed test runs more than two hours ago.
 async fn sweep_old_schemas(url: &str, now: u64) {
-    let Ok((c, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await else { return };
+    let Ok((c, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await else {
+        return;
+    };
     tokio::spawn(conn);
     let Ok(rows) = c.query("SELECT nspname FROM pg_namespace WHERE nspname LIKE 't\\_%'", &[]).await else {
         return;
@@ -241,7 +243,10 @@ impl TestApp {
 
     /// A GraphQL request as `key` (or anonymous).
     pub async fn graphql(&self, key: Option<&str>, query: &str, variables: Value) -> Value {
-        let mut req = self.http.post(format!("{}/graphql", self.base)).json(&json!({"query": query, "variables": variables}));
+        let mut req = self
+            .http
+            .post(format!("{}/graphql", self.base))
+            .json(&json!({"query": query, "variables": variables}));
         if let Some(k) = key {
             req = req.bearer_auth(k);
         }

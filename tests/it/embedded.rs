@@ -47,7 +47,8 @@ async fn serve_without_database_url_uses_a_private_cluster() {
 
     let http = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
-    let run: Value = http.post(format!("{base}/v1/runs")).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
+    let run: Value =
+        http.post(format!("{base}/v1/runs")).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
     let run = run["run_id"].as_str().unwrap().to_owned();
     let r = http
         .post(format!("{base}/v1/runs/{run}/events"))
@@ -58,7 +59,8 @@ async fn serve_without_database_url_uses_a_private_cluster() {
         .unwrap();
     assert_eq!(r.status(), 201);
 
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
     let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap().unwrap();
     assert!(status.success(), "clean exit: {status:?}");
     assert!(!dir.join("pg/postmaster.pid").exists(), "the private cluster was stopped");

@@ -5,7 +5,8 @@ use serde_json::{json, Value};
 
 use crate::common::TestApp;
 
-const CREATE: &str = "mutation($parent: ID) { createRun(parentRunId: $parent) { id parentRunId rootRunId lastSeq state } }";
+const CREATE: &str =
+    "mutation($parent: ID) { createRun(parentRunId: $parent) { id parentRunId rootRunId lastSeq state } }";
 const APPEND: &str = "mutation($run: ID!, $events: [EventInput!]!, $expected: Int) {
     appendEvents(runId: $run, events: $events, expectedLastSeq: $expected) { firstSeq lastSeq replayed } }";
 const RUN: &str = "query($id: ID!) { run(id: $id) { id lastSeq state } }";
@@ -64,7 +65,13 @@ async fn graphql_errors_carry_the_same_codes() {
     // Auth.
     let v = t.graphql(None, RUN, json!({"id": run})).await;
     assert_eq!(err_code(&v).0, Some("AUTH-MISSING"));
-    let v = t.graphql(Some("ask_000000000000_000000000000000000000000000000000000000000000000"), RUN, json!({"id": run})).await;
+    let v = t
+        .graphql(
+            Some("ask_000000000000_000000000000000000000000000000000000000000000000"),
+            RUN,
+            json!({"id": run}),
+        )
+        .await;
     assert_eq!(err_code(&v).0, Some("AUTH-INVALID"));
     // Another tenant's run: null, like a missing one.
     let v = t.graphql(Some(&t.key_b), RUN, json!({"id": run})).await;

@@ -19,7 +19,12 @@ async fn as_service(t: &TestApp, tenant: &str, sql: &str) -> Result<i64, tokio_p
 async fn tenant_b_sees_none_of_tenant_as_rows_even_without_a_filter() {
     let t = TestApp::new().await;
     let run = t.create_run(&t.key_a).await;
-    t.append_ok(&t.key_a, &run, json!([{"type": "custom.a", "payload": {}}, {"type": "custom.b", "payload": {}}])).await;
+    t.append_ok(
+        &t.key_a,
+        &run,
+        json!([{"type": "custom.a", "payload": {}}, {"type": "custom.b", "payload": {}}]),
+    )
+    .await;
 
     let unfiltered = "SELECT count(*) FROM agent_run_events";
     assert_eq!(as_service(&t, &t.tenant_a, unfiltered).await.unwrap(), 2, "tenant a sees its rows");
@@ -35,7 +40,10 @@ async fn tenant_b_sees_none_of_tenant_as_rows_even_without_a_filter() {
         t.tenant_a
     );
     let err = as_service(&t, &t.tenant_b, &forged).await.unwrap_err();
-    assert!(err.to_string().contains("row-level security") || format!("{err:?}").contains("row-level security"), "{err:?}");
+    assert!(
+        err.to_string().contains("row-level security") || format!("{err:?}").contains("row-level security"),
+        "{err:?}"
+    );
     // The service role cannot read the key table at all.
     assert!(as_service(&t, &t.tenant_a, "SELECT count(*) FROM api_keys").await.is_err());
 }
@@ -67,7 +75,10 @@ async fn the_service_role_is_neither_owner_nor_superuser() {
         .unwrap();
     assert_eq!((row.get::<_, bool>(0), row.get::<_, bool>(1)), (false, false));
     let owner: String = c
-        .query_one("SELECT tableowner::text FROM pg_tables WHERE schemaname = $1 AND tablename = 'agent_run_events'", &[&t.db.schema])
+        .query_one(
+            "SELECT tableowner::text FROM pg_tables WHERE schemaname = $1 AND tablename = 'agent_run_events'",
+            &[&t.db.schema],
+        )
         .await
         .unwrap()
         .get(0);

@@ -43,7 +43,7 @@ fn cases() -> Vec<Case> {
             json!([]),
             json!([{"type": "custom.", "payload": {}}]),
             StatusCode::UNPROCESSABLE_ENTITY,
-            "EVENT-UNKNOWN-TYPE",
+            "EVENT-INVALID-PAYLOAD",
             Some(0),
         ),
         c(

@@ -77,6 +77,10 @@ CREATE TABLE agent_run_events (
     child_id         text,
     payload          jsonb NOT NULL,
     idempotency_key  text,
+    -- Server-derived, like seq: the message this event belongs to after the implicit
+    -- rules are applied (a delta without message_id joins the current open message;
+    -- tool.start refers to the message open in its scope). Lets SQL group by message.
+    message_id       text,
     PRIMARY KEY (tenant_id, run_id, seq),
     FOREIGN KEY (tenant_id, run_id) REFERENCES runs (tenant_id, run_id)
 );
@@ -91,29 +95,29 @@ COMMENT ON COLUMN agent_run_events.id IS 'ULID, monotonic per run.';
 COMMENT ON COLUMN agent_run_events.child_id IS 'Set when the event comes from a sub-run announced by child.spawn.';
 COMMENT ON COLUMN agent_run_events.payload IS 'Type-specific payload, validated at append.';
 COMMENT ON COLUMN agent_run_events.idempotency_key IS 'Producer key; a retried append with the same key writes nothing.';
+COMMENT ON COLUMN agent_run_events.message_id IS 'Resolved message of message.*, *.delta and tool.start events (server-derived).';
 
--- Tenant isolation. Every request runs in a transaction that sets
+-- Tenant isolation. Every request of the service runs in a transaction that sets
 -- agent_stream.tenant_id with set_config(..., true); an unset or empty setting matches
--- no row. FORCE applies the policies to the table owner as well.
+-- no row. The policies name the service role: other roles (analysts) cannot choose a
+-- tenant by setting the variable, they get policies of their own. The owner is the
+-- administrator (migrations, tenants, retention) and is not subject to RLS.
 ALTER TABLE runs ENABLE ROW LEVEL SECURITY;
-ALTER TABLE runs FORCE ROW LEVEL SECURITY;
-CREATE POLICY tenant_isolation ON runs
+CREATE POLICY tenant_isolation ON runs TO agent_stream_service
     USING (tenant_id = current_setting('agent_stream.tenant_id', true))
     WITH CHECK (tenant_id = current_setting('agent_stream.tenant_id', true));
 
 ALTER TABLE agent_run_events ENABLE ROW LEVEL SECURITY;
-ALTER TABLE agent_run_events FORCE ROW LEVEL SECURITY;
-CREATE POLICY tenant_isolation ON agent_run_events
+CREATE POLICY tenant_isolation ON agent_run_events TO agent_stream_service
     USING (tenant_id = current_setting('agent_stream.tenant_id', true))
     WITH CHECK (tenant_id = current_setting('agent_stream.tenant_id', true));
 
--- tenants and api_keys are not FORCEd: the owner administers them across tenants.
 ALTER TABLE tenants ENABLE ROW LEVEL SECURITY;
-CREATE POLICY tenant_isolation ON tenants
+CREATE POLICY tenant_isolation ON tenants TO agent_stream_service
     USING (tenant_id = current_setting('agent_stream.tenant_id', true));
 
 ALTER TABLE api_keys ENABLE ROW LEVEL SECURITY;
-CREATE POLICY tenant_isolation ON api_keys
+CREATE POLICY tenant_isolation ON api_keys TO agent_stream_service
     USING (tenant_id = current_setting('agent_stream.tenant_id', true));
 
 -- Key lookup happens before the tenant is known, so it goes through this one narrow

@@ -28,7 +28,10 @@ pub mod domain;
 pub mod error;
 pub mod graphql;
 pub mod http;
+pub mod projection;
 pub mod server;
 pub mod storage;
+#[doc(hidden)]
+pub mod testkit;
 
 pub use error::{Error, ErrorCode, Result};

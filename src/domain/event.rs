@@ -17,7 +17,7 @@ use super::lifecycle::RunState;
 pub const CUSTOM_PREFIX: &str = "custom.";
 
 /// Who wrote a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, async_graphql::Enum)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// The human (or calling system) side.
@@ -125,7 +125,7 @@ pub struct ToolEnd {
 }
 
 /// The kinds of step seed 004 names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, async_graphql::Enum)]
 #[serde(rename_all = "kebab-case")]
 pub enum StepKind {
     /// Planning.
@@ -170,7 +170,7 @@ pub struct ChildSpawn {
 }
 
 /// The intent of a plan step, for the UI's icon.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, async_graphql::Enum)]
 #[serde(rename_all = "snake_case")]
 pub enum Intent {
     /// Gathering information.
@@ -190,7 +190,8 @@ pub enum Intent {
 }
 
 /// One step of a proposed plan.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, async_graphql::SimpleObject)]
+#[graphql(name = "PlanStep")]
 #[serde(deny_unknown_fields)]
 pub struct PlanStep {
     /// Step id within the plan.
@@ -232,7 +233,7 @@ pub struct PlanProposal {
 }
 
 /// What a user decided about a plan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, async_graphql::Enum)]
 #[serde(rename_all = "snake_case")]
 pub enum Decision {
     /// Go ahead.

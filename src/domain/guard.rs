@@ -33,7 +33,8 @@ pub enum Origin {
 pub enum Resolution {
     /// Nothing to resolve.
     None,
-    /// The event belongs to this message.
+    /// The event belongs to this message (for `tool.start`: the call was made while this
+    /// message was the current open one of its scope).
     Message {
         /// The message id (producer-given, or `msg-<seq>` when opened implicitly).
         id: String,
@@ -106,6 +107,16 @@ impl RunGuard {
     /// The run's own lifecycle state (`None` until its first `run.lifecycle`).
     pub fn state(&self) -> Option<RunState> {
         self.scopes.get(&None).and_then(|s| s.state)
+    }
+
+    /// The plan awaiting a decision in the run (`child` = None) or a child, if any.
+    pub fn pending_plan(&self, child: Option<&str>) -> Option<&str> {
+        self.scopes.get(&child.map(str::to_owned)).and_then(|s| s.pending_plan.as_deref())
+    }
+
+    /// The lifecycle state of a child scope.
+    pub fn child_state(&self, child: &str) -> Option<RunState> {
+        self.scopes.get(&Some(child.to_owned())).and_then(|s| s.state)
     }
 
     /// Checks `body` as the event at `seq` and, if it is legal, records it.
@@ -227,7 +238,10 @@ impl RunGuard {
                     ));
                 }
                 self.tools.insert(key, Tool::Running);
-                Resolution::None
+                match self.scope_mut(&scope).open.last() {
+                    Some(id) => Resolution::Message { id: id.clone(), implicit: false },
+                    None => Resolution::None,
+                }
             }
             EventBody::ToolProgress(p) => {
                 self.running_tool(&scope, &p.call_id, "tool.progress")?;

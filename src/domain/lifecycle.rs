@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The lifecycle state of a run (or of a child scope inside a run's log).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, async_graphql::Enum)]
 #[serde(rename_all = "snake_case")]
 pub enum RunState {
     /// Run accepted, plan being generated.

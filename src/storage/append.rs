@@ -13,6 +13,7 @@
 //!
 //! Any failure before the commit rolls the whole batch back: nothing partial is stored.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -24,7 +25,7 @@ use ulid::Ulid;
 use super::db::{tenant_tx, Db};
 use super::events::stream_after;
 use super::runs::{parse_run_id, run_not_found};
-use crate::domain::{Batch, NewEvent, Origin, RunGuard};
+use crate::domain::{Batch, NewEvent, Origin, Resolution, RunGuard};
 use crate::error::{Error, ErrorCode, Rejection, Result};
 
 /// The answer to an append.
@@ -62,7 +63,7 @@ impl Guards {
     }
 }
 
-/// Appends `batch` to a run of `tenant`.
+/// Appends a producer's (or the service's) `batch` to a run of `tenant`.
 pub async fn append(
     db: &Db,
     guards: &Guards,
@@ -71,10 +72,41 @@ pub async fn append(
     batch: &Batch,
     origin: Origin,
 ) -> Result<AppendOutcome> {
+    append_inner(db, guards, tenant, run_id, origin, batch.expected_last_seq, |_| {
+        Ok(Cow::Borrowed(&batch.events))
+    })
+    .await
+}
+
+/// Appends service-written events built from the run's current state, under the same
+/// lock as the write: a control action (approve a plan, pause) decides on exactly the
+/// state it changes.
+pub async fn append_control<F>(
+    db: &Db,
+    guards: &Guards,
+    tenant: &str,
+    run_id: &str,
+    build: F,
+) -> Result<AppendOutcome>
+where
+    F: FnOnce(&RunGuard) -> Result<Vec<NewEvent>>,
+{
+    append_inner(db, guards, tenant, run_id, Origin::Service, None, |g| build(g).map(Cow::Owned)).await
+}
+
+async fn append_inner<'b, F>(
+    db: &Db,
+    guards: &Guards,
+    tenant: &str,
+    run_id: &str,
+    origin: Origin,
+    expected_last_seq: Option<i64>,
+    build: F,
+) -> Result<AppendOutcome>
+where
+    F: FnOnce(&RunGuard) -> Result<Cow<'b, [NewEvent]>>,
+{
     let run_id = parse_run_id(run_id)?;
-    if batch.events.is_empty() {
-        return Err(Error::reject(ErrorCode::BatchEmpty, "the batch holds no events"));
-    }
     let slot = guards.slot(tenant, &run_id);
     let mut cached = slot.lock().await;
 
@@ -93,18 +125,6 @@ pub async fn append(
     let last_id: Option<&str> = row.get(1);
     let now: DateTime<Utc> = row.get(2);
 
-    if let Some(outcome) = replay_if_retry(&tx, tenant, &run_id, &batch.events).await? {
-        return Ok(outcome);
-    }
-    if let Some(expected) = batch.expected_last_seq {
-        if expected != last_seq {
-            return Err(Error::reject(
-                ErrorCode::SeqConflict,
-                format!("expected the run's last seq to be {expected}, but it is {last_seq}"),
-            ));
-        }
-    }
-
     let base = match cached.as_ref() {
         Some(g) if g.last_seq() == last_seq => g.clone(),
         _ => rebuild_guard(&tx, tenant, &run_id).await?,
@@ -115,14 +135,35 @@ pub async fn append(
             base.last_seq()
         )));
     }
-    let mut guard = base.clone();
-    let before = guard.state();
-    for (i, e) in batch.events.iter().enumerate() {
-        let seq = last_seq + 1 + i as i64;
-        guard.apply(seq, e.child_id.as_deref(), &e.body, origin).map_err(|r| r.at(i))?;
+    let events = build(&base)?;
+    if events.is_empty() {
+        return Err(Error::reject(ErrorCode::BatchEmpty, "the batch holds no events"));
+    }
+    if let Some(outcome) = replay_if_retry(&tx, tenant, &run_id, &events).await? {
+        return Ok(outcome);
+    }
+    if let Some(expected) = expected_last_seq {
+        if expected != last_seq {
+            return Err(Error::reject(
+                ErrorCode::SeqConflict,
+                format!("expected the run's last seq to be {expected}, but it is {last_seq}"),
+            ));
+        }
     }
 
-    let n = batch.events.len();
+    let mut guard = base.clone();
+    let before = guard.state();
+    let n = events.len();
+    let mut message_ids: Vec<Option<String>> = Vec::with_capacity(n);
+    for (i, e) in events.iter().enumerate() {
+        let seq = last_seq + 1 + i as i64;
+        let res = guard.apply(seq, e.child_id.as_deref(), &e.body, origin).map_err(|r| r.at(i))?;
+        message_ids.push(match res {
+            Resolution::Message { id, .. } => Some(id),
+            Resolution::None => None,
+        });
+    }
+
     let ids = next_ids(last_id.and_then(|s| Ulid::from_string(s).ok()), now, n);
     let seqs: Vec<i64> = (1..=n as i64).map(|i| last_seq + i).collect();
     let id_strs: Vec<String> = ids.iter().map(Ulid::to_string).collect();
@@ -130,7 +171,7 @@ pub async fn append(
     let mut children = Vec::with_capacity(n);
     let mut payloads = Vec::with_capacity(n);
     let mut keys = Vec::with_capacity(n);
-    for e in &batch.events {
+    for e in events.iter() {
         types.push(e.body.type_name().into_owned());
         children.push(e.child_id.as_deref());
         payloads.push(e.body.payload());
@@ -138,14 +179,18 @@ pub async fn append(
     }
     let insert = tx
         .prepare_cached(
-            "INSERT INTO agent_run_events (tenant_id, run_id, seq, id, ts, type, child_id, payload, idempotency_key)
-             SELECT $1, $2, u.seq, u.id, $3, u.type, u.child_id, u.payload, u.key
-             FROM unnest($4::bigint[], $5::text[], $6::text[], $7::text[], $8::jsonb[], $9::text[])
-                  AS u(seq, id, type, child_id, payload, key)",
+            "INSERT INTO agent_run_events
+                 (tenant_id, run_id, seq, id, ts, type, child_id, payload, idempotency_key, message_id)
+             SELECT $1, $2, u.seq, u.id, $3, u.type, u.child_id, u.payload, u.key, u.message_id
+             FROM unnest($4::bigint[], $5::text[], $6::text[], $7::text[], $8::jsonb[], $9::text[], $10::text[])
+                  AS u(seq, id, type, child_id, payload, key, message_id)",
         )
         .await?;
-    tx.execute(&insert, &[&tenant, &run_id, &now, &seqs, &id_strs, &types, &children, &payloads, &keys])
-        .await?;
+    tx.execute(
+        &insert,
+        &[&tenant, &run_id, &now, &seqs, &id_strs, &types, &children, &payloads, &keys, &message_ids],
+    )
+    .await?;
 
     let new_last = last_seq + n as i64;
     let state = guard.state();

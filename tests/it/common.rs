@@ -226,19 +226,16 @@ impl TestApp {
         }
     }
 
-    /// Rows stored for a run, counted on the owner connection. The tenant setting makes
-    /// the count right also when the owner is not a superuser (FORCE RLS applies then).
+    /// Rows stored for `tenant`'s run, counted on the owner connection (outside RLS).
     pub async fn stored_count(&self, tenant: &str, run: &str) -> i64 {
         let c = self.db.owner().await;
-        c.batch_execute("BEGIN").await.expect("begin");
-        c.execute("SELECT set_config('agent_stream.tenant_id', $1, true)", &[&tenant]).await.expect("set");
-        let n: i64 = c
-            .query_one("SELECT count(*) FROM agent_run_events WHERE run_id = $1", &[&run])
-            .await
-            .expect("count")
-            .get(0);
-        c.batch_execute("COMMIT").await.expect("commit");
-        n
+        c.query_one(
+            "SELECT count(*) FROM agent_run_events WHERE tenant_id = $1 AND run_id = $2",
+            &[&tenant, &run],
+        )
+        .await
+        .expect("count")
+        .get(0)
     }
 
     /// A GraphQL request as `key` (or anonymous).

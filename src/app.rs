@@ -7,6 +7,10 @@ use std::sync::Arc;
 use crate::auth::{Authenticator, Principal, Scope};
 use crate::domain::{Batch, Event, Origin};
 use crate::error::{Error, ErrorCode, Result};
+use crate::domain::event::{Decision, EventBody, Lifecycle, MessageEnd, MessageStart, PlanDecision, Role};
+use crate::domain::{NewEvent, RunGuard, RunState};
+use crate::projection::RunView;
+use crate::storage::views::{load_view, ViewCache};
 use crate::storage::{self, db::tenant_tx, events, runs, AppendOutcome, Db, Guards, RunInfo};
 
 /// Largest page of events one read returns.
@@ -35,6 +39,8 @@ pub struct App {
     pub db: Db,
     /// Per-run append guards.
     pub guards: Guards,
+    /// Folded views.
+    pub views: ViewCache,
     /// Key lookups.
     pub auth: Authenticator,
     /// Limits and options.
@@ -47,7 +53,13 @@ pub type AppRef = Arc<App>;
 impl App {
     /// Wraps a pool and settings.
     pub fn new(db: Db, settings: Settings) -> AppRef {
-        Arc::new(App { db, guards: Guards::default(), auth: Authenticator::default(), settings })
+        Arc::new(App {
+            db,
+            guards: Guards::default(),
+            views: ViewCache::default(),
+            auth: Authenticator::default(),
+            settings,
+        })
     }
 
     /// Resolves a presented key (`None` when the request carried none).
@@ -88,6 +100,7 @@ impl App {
         run_id: &str,
         after_seq: i64,
         limit: i64,
+        filter: &events::Filter,
     ) -> Result<(RunInfo, Vec<Event>)> {
         who.require(Scope::Read)?;
         if after_seq < 0 {
@@ -102,8 +115,116 @@ impl App {
         let run = runs::get_run(&self.db, &who.tenant_id, run_id).await?;
         let mut client = self.db.pool.get().await?;
         let tx = tenant_tx(&mut client, &who.tenant_id).await?;
-        let evs = events::read_after(&tx, &who.tenant_id, &run.run_id, after_seq, limit).await?;
+        let evs = events::read_after(&tx, &who.tenant_id, &run.run_id, after_seq, limit, filter).await?;
         tx.commit().await?;
         Ok((run, evs))
+    }
+
+    /// A run's row and its views.
+    pub async fn view(&self, who: &Principal, run_id: &str) -> Result<(RunInfo, Arc<RunView>)> {
+        who.require(Scope::Read)?;
+        load_view(&self.db, &self.views, &who.tenant_id, run_id).await
+    }
+
+    /// A page of the tenant's runs, newest first.
+    pub async fn list_runs(&self, who: &Principal, q: &runs::RunQuery) -> Result<Vec<RunInfo>> {
+        who.require(Scope::Read)?;
+        runs::list_runs(&self.db, &who.tenant_id, q).await
+    }
+
+    /// Applies a user's control action, written by the service under the run's lock.
+    pub async fn control(&self, who: &Principal, run_id: &str, action: Control) -> Result<AppendOutcome> {
+        who.require(Scope::Write)?;
+        let key_id = who.key_id.clone();
+        storage::append::append_control(&self.db, &self.guards, &who.tenant_id, run_id, move |g| {
+            action.events(g, &key_id)
+        })
+        .await
+    }
+}
+
+/// What a user can do to a running run (seed 004: AICORE-122 and AICORE-126).
+#[derive(Debug, Clone)]
+pub enum Control {
+    /// Approve the pending plan; the run moves from awaiting_approval to running.
+    ApprovePlan(Option<String>),
+    /// Reject the pending plan; the run goes back to planning.
+    RejectPlan(Option<String>),
+    /// Pause a running run.
+    Pause(Option<String>),
+    /// Resume a paused run.
+    Resume(Option<String>),
+    /// Abort the run.
+    Abort(Option<String>),
+    /// Redirect the run with a new instruction (recorded as a user message).
+    Redirect(String),
+}
+
+fn lifecycle(state: RunState, reason: Option<String>) -> NewEvent {
+    NewEvent { child_id: None, key: None, body: EventBody::Lifecycle(Lifecycle { state, reason }) }
+}
+
+impl Control {
+    /// The events the action appends, given the run's state. Illegal actions are refused
+    /// here or by the guard with the append path's codes.
+    fn events(self, g: &RunGuard, key_id: &str) -> Result<Vec<NewEvent>> {
+        let decide = |decision: Decision, reason: Option<String>, next: RunState| -> Result<Vec<NewEvent>> {
+            if g.state() != Some(RunState::AwaitingApproval) {
+                return Err(Error::reject(
+                    ErrorCode::LifecycleIllegal,
+                    format!(
+                        "a plan can be decided only while the run is awaiting_approval; it is {}",
+                        g.state().map_or("new", RunState::as_str)
+                    ),
+                ));
+            }
+            let plan_id = g
+                .pending_plan(None)
+                .ok_or_else(|| Error::reject(ErrorCode::PlanNotPending, "the run has no plan awaiting a decision"))?;
+            let verb = if decision == Decision::Approved { "approved" } else { "rejected" };
+            Ok(vec![
+                NewEvent {
+                    child_id: None,
+                    key: None,
+                    body: EventBody::PlanDecision(PlanDecision {
+                        plan_id: plan_id.to_owned(),
+                        decision,
+                        reason: reason.clone(),
+                        decided_by: Some(key_id.to_owned()),
+                    }),
+                },
+                lifecycle(next, Some(reason.unwrap_or_else(|| format!("plan {verb}")))),
+            ])
+        };
+        match self {
+            Control::ApprovePlan(r) => decide(Decision::Approved, r, RunState::Running),
+            Control::RejectPlan(r) => decide(Decision::Rejected, r, RunState::Planning),
+            Control::Pause(r) => Ok(vec![lifecycle(RunState::Paused, r.or_else(|| Some("paused by user".into())))]),
+            Control::Resume(r) => Ok(vec![lifecycle(RunState::Running, r.or_else(|| Some("resumed by user".into())))]),
+            Control::Abort(r) => Ok(vec![lifecycle(RunState::Aborted, r.or_else(|| Some("aborted by user".into())))]),
+            Control::Redirect(instruction) => {
+                if instruction.trim().is_empty() {
+                    return Err(Error::reject(ErrorCode::InvalidParameter, "a redirect needs an instruction"));
+                }
+                let id = format!("redirect-{}", g.last_seq() + 1);
+                Ok(vec![
+                    lifecycle(RunState::Redirecting, Some("redirected by user".into())),
+                    NewEvent {
+                        child_id: None,
+                        key: None,
+                        body: EventBody::MessageStart(MessageStart { message_id: id.clone(), role: Role::User }),
+                    },
+                    NewEvent {
+                        child_id: None,
+                        key: None,
+                        body: EventBody::MessageEnd(MessageEnd {
+                            message_id: Some(id),
+                            stop_reason: None,
+                            text: Some(instruction),
+                        }),
+                    },
+                ])
+            }
+        }
     }
 }

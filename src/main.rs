@@ -86,8 +86,30 @@ enum Command {
         #[command(subcommand)]
         cmd: KeyCmd,
     },
+    /// Manage analysts' read-only PostgreSQL logins.
+    Analyst {
+        #[command(subcommand)]
+        cmd: AnalystCmd,
+    },
     /// Print the GraphQL schema (SDL).
     Schema,
+}
+
+#[derive(Subcommand)]
+enum AnalystCmd {
+    /// Create a PostgreSQL login that reads one tenant's rows through the analyst views.
+    Create {
+        /// Tenant name.
+        tenant: String,
+        /// Role (login) name: lowercase letters, digits, `_`.
+        #[arg(long)]
+        role: String,
+        /// Password for the login (read from the environment to keep it out of `ps`).
+        #[arg(long, env = "AGENT_STREAM_ANALYST_PASSWORD", hide_env_values = true)]
+        password: Option<String>,
+        #[command(flatten)]
+        db: DbArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -232,6 +254,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 anyhow::bail!("no live key with id {key_id}")
             }
+        }
+        Command::Analyst { cmd: AnalystCmd::Create { tenant, role, password, db } } => {
+            let role = with_owner(&db, async |c| {
+                Ok(tenants::create_analyst(c, &tenant, &role, password.as_deref()).await?)
+            })
+            .await?;
+            println!("created analyst login `{role}` for tenant `{tenant}`; see docs/analysts.md");
+            Ok(())
         }
         Command::Schema => {
             print!("{}", agent_stream::graphql::sdl());

@@ -1,7 +1,10 @@
 //! Query and Mutation roots. Resolvers call the same [`App`] operations as the HTTP
 //! handlers; event input goes through the same parser as HTTP bodies.
 
-use async_graphql::{Context, Enum, InputObject, Json, Object, SimpleObject, ID};
+use std::sync::Arc;
+
+use async_graphql::connection::{Connection, Edge, EmptyFields};
+use async_graphql::{ComplexObject, Context, InputObject, Json, Object, SimpleObject, ID};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
@@ -10,7 +13,11 @@ use super::CallerResult;
 use crate::app::AppRef;
 use crate::auth::Principal;
 use crate::domain::input::parse_event;
-use crate::domain::{Batch, RunState};
+use crate::app::{Control, MAX_PAGE};
+use crate::domain::{Batch, Event, RunState};
+use crate::projection::RunView;
+use crate::storage::events::Filter;
+use crate::storage::runs::RunQuery;
 use crate::error::{Error, ErrorCode};
 use crate::storage::{AppendOutcome, RunInfo};
 
@@ -25,46 +32,9 @@ fn caller<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a Principal> {
     }
 }
 
-/// Lifecycle state of a run.
-#[derive(Enum, Copy, Clone, Eq, PartialEq)]
-#[graphql(name = "RunState", rename_items = "SCREAMING_SNAKE_CASE")]
-pub enum GqlRunState {
-    /// Plan being generated.
-    Planning,
-    /// Waiting for a user to approve the plan.
-    AwaitingApproval,
-    /// Executing.
-    Running,
-    /// Paused by a user.
-    Paused,
-    /// Redirect in progress.
-    Redirecting,
-    /// Completed (terminal).
-    Done,
-    /// Cancelled (terminal).
-    Aborted,
-    /// Failed (terminal).
-    Error,
-}
-
-impl From<RunState> for GqlRunState {
-    fn from(s: RunState) -> Self {
-        match s {
-            RunState::Planning => GqlRunState::Planning,
-            RunState::AwaitingApproval => GqlRunState::AwaitingApproval,
-            RunState::Running => GqlRunState::Running,
-            RunState::Paused => GqlRunState::Paused,
-            RunState::Redirecting => GqlRunState::Redirecting,
-            RunState::Done => GqlRunState::Done,
-            RunState::Aborted => GqlRunState::Aborted,
-            RunState::Error => GqlRunState::Error,
-        }
-    }
-}
-
 /// An agent run.
 #[derive(SimpleObject)]
-#[graphql(name = "Run")]
+#[graphql(name = "Run", complex)]
 pub struct GqlRun {
     /// Run id (ULID).
     id: ID,
@@ -79,7 +49,9 @@ pub struct GqlRun {
     /// Seq of the newest event (0 when empty).
     last_seq: i64,
     /// Current lifecycle state; null before the first `run.lifecycle` event.
-    state: Option<GqlRunState>,
+    state: Option<RunState>,
+    #[graphql(skip)]
+    view: tokio::sync::OnceCell<Arc<RunView>>,
 }
 
 impl From<RunInfo> for GqlRun {
@@ -91,7 +63,67 @@ impl From<RunInfo> for GqlRun {
             created_at: r.created_at,
             updated_at: r.updated_at,
             last_seq: r.last_seq,
-            state: r.state.map(Into::into),
+            state: r.state,
+            view: Default::default(),
+        }
+    }
+}
+
+impl GqlRun {
+    fn with_view(r: RunInfo, view: Arc<RunView>) -> Self {
+        let run = GqlRun::from(r);
+        let _ = run.view.set(view);
+        run
+    }
+}
+
+#[ComplexObject]
+impl GqlRun {
+    /// The run's views (messages, tool calls, plan, lifecycle, steps, children,
+    /// compaction), folded by the same reducer every surface uses.
+    async fn view(&self, ctx: &Context<'_>) -> async_graphql::Result<Arc<RunView>> {
+        let v = self
+            .view
+            .get_or_try_init(|| async {
+                let (_, v) = app(ctx)?.view(caller(ctx)?, &self.id).await.gql()?;
+                Ok::<_, async_graphql::Error>(v)
+            })
+            .await?;
+        Ok(v.clone())
+    }
+}
+
+/// A stored event.
+#[derive(SimpleObject)]
+#[graphql(name = "Event")]
+pub struct GqlEvent {
+    /// ULID, monotonic per run.
+    id: ID,
+    /// Per-run position.
+    seq: i64,
+    /// Server time.
+    ts: DateTime<Utc>,
+    /// Event type.
+    #[graphql(name = "type")]
+    type_name: String,
+    /// The run.
+    run_id: ID,
+    /// Set for a child's events.
+    child_id: Option<String>,
+    /// Type-specific payload.
+    payload: Value,
+}
+
+impl From<Event> for GqlEvent {
+    fn from(e: Event) -> Self {
+        GqlEvent {
+            id: ID(e.id.to_string()),
+            seq: e.seq,
+            ts: e.ts,
+            type_name: e.body.type_name().into_owned(),
+            run_id: ID(e.run_id),
+            child_id: e.child_id,
+            payload: e.body.payload(),
         }
     }
 }
@@ -139,6 +171,58 @@ impl Query {
             Err(Error::Rejected(r)) if r.code == ErrorCode::RunNotFound => Ok(None),
             Err(e) => Err(e).gql(),
         }
+    }
+
+    /// The caller's runs, newest first, filtered by state and creation time.
+    async fn runs(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "Page size, 1-1000.", default = 20)] first: i32,
+        #[graphql(desc = "Cursor: the endCursor of the previous page.")] after: Option<String>,
+        state: Option<RunState>,
+        created_after: Option<DateTime<Utc>>,
+        created_before: Option<DateTime<Utc>>,
+    ) -> async_graphql::Result<Connection<String, GqlRun, EmptyFields, EmptyFields>> {
+        if !(1..=1000).contains(&first) {
+            return Err(Error::reject(ErrorCode::InvalidParameter, "`first` must be between 1 and 1000")).gql();
+        }
+        let before_run_id = after.map(|c| crate::storage::runs::parse_run_id(&c)).transpose().gql()?;
+        let q = RunQuery {
+            state,
+            created_after,
+            created_before,
+            before_run_id: before_run_id.clone(),
+            limit: i64::from(first) + 1,
+        };
+        let mut page = app(ctx)?.list_runs(caller(ctx)?, &q).await.gql()?;
+        let has_next = page.len() > first as usize;
+        page.truncate(first as usize);
+        let mut conn = Connection::new(before_run_id.is_some(), has_next);
+        conn.edges.extend(page.into_iter().map(|r| Edge::new(r.run_id.clone(), GqlRun::from(r))));
+        Ok(conn)
+    }
+
+    /// A run's raw log after `afterSeq`, in seq order; the cursor is the seq.
+    async fn events(
+        &self,
+        ctx: &Context<'_>,
+        run_id: ID,
+        #[graphql(default = 0)] after_seq: i64,
+        #[graphql(desc = "Page size, 1-10000.", default = 100)] first: i64,
+        #[graphql(desc = "Only these event types.")] types: Option<Vec<String>>,
+        #[graphql(desc = "Only this child's events.")] child_id: Option<String>,
+    ) -> async_graphql::Result<Connection<i64, GqlEvent, EmptyFields, EmptyFields>> {
+        if !(1..=MAX_PAGE).contains(&first) {
+            return Err(Error::reject(ErrorCode::InvalidParameter, format!("`first` must be between 1 and {MAX_PAGE}")))
+                .gql();
+        }
+        let filter = Filter { types, child_id };
+        let (_, mut evs) = app(ctx)?.events(caller(ctx)?, &run_id, after_seq, first + 1, &filter).await.gql()?;
+        let has_next = evs.len() > first as usize;
+        evs.truncate(first as usize);
+        let mut conn = Connection::new(after_seq > 0, has_next);
+        conn.edges.extend(evs.into_iter().map(|e| Edge::new(e.seq, GqlEvent::from(e))));
+        Ok(conn)
     }
 }
 
@@ -200,4 +284,43 @@ impl Mutation {
         crate::domain::input::check_keys(&batch.events).map_err(Error::Rejected).gql()?;
         Ok(app.append(who, &run_id, &batch).await.gql()?.into())
     }
+
+    /// Approves the pending plan: writes `plan.decision` and moves the run from
+    /// awaiting_approval to running.
+    async fn approve_plan(&self, ctx: &Context<'_>, run_id: ID, reason: Option<String>) -> async_graphql::Result<GqlRun> {
+        control(ctx, run_id, Control::ApprovePlan(reason)).await
+    }
+
+    /// Rejects the pending plan: writes `plan.decision` and moves the run back to planning.
+    async fn reject_plan(&self, ctx: &Context<'_>, run_id: ID, reason: Option<String>) -> async_graphql::Result<GqlRun> {
+        control(ctx, run_id, Control::RejectPlan(reason)).await
+    }
+
+    /// Pauses a running run.
+    async fn pause_run(&self, ctx: &Context<'_>, run_id: ID, reason: Option<String>) -> async_graphql::Result<GqlRun> {
+        control(ctx, run_id, Control::Pause(reason)).await
+    }
+
+    /// Resumes a paused run.
+    async fn resume_run(&self, ctx: &Context<'_>, run_id: ID, reason: Option<String>) -> async_graphql::Result<GqlRun> {
+        control(ctx, run_id, Control::Resume(reason)).await
+    }
+
+    /// Aborts the run (terminal).
+    async fn abort_run(&self, ctx: &Context<'_>, run_id: ID, reason: Option<String>) -> async_graphql::Result<GqlRun> {
+        control(ctx, run_id, Control::Abort(reason)).await
+    }
+
+    /// Redirects the run: lifecycle `redirecting` plus the instruction as a user message.
+    async fn redirect_run(&self, ctx: &Context<'_>, run_id: ID, instruction: String) -> async_graphql::Result<GqlRun> {
+        control(ctx, run_id, Control::Redirect(instruction)).await
+    }
+}
+
+async fn control(ctx: &Context<'_>, run_id: ID, action: Control) -> async_graphql::Result<GqlRun> {
+    let app = app(ctx)?;
+    let who = caller(ctx)?;
+    app.control(who, &run_id, action).await.gql()?;
+    let (run, view) = app.view(who, &run_id).await.gql()?;
+    Ok(GqlRun::with_view(run, view))
 }

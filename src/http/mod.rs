@@ -27,6 +27,7 @@ pub fn router(app: AppRef) -> Router {
         .route("/v1/runs", post(runs::create))
         .route("/v1/runs/{run_id}", get(runs::get))
         .route("/v1/runs/{run_id}/events", post(runs::append).get(runs::list))
+        .route("/v1/runs/{run_id}/view", get(runs::view))
         .merge(crate::graphql::routes())
         .fallback(|| async { Error::reject(ErrorCode::NotFound, "no such route; see the README for the API") })
         .with_state(app)

@@ -114,8 +114,14 @@ pub(crate) async fn list(
     Path(run_id): Path<String>,
     Params(p): Params<ReadParams>,
 ) -> Result<Response> {
-    let (run, events) = app.events(&who, &run_id, p.after_seq, p.limit).await?;
+    let (run, events) = app.events(&who, &run_id, p.after_seq, p.limit, &Default::default()).await?;
     let next = events.last().map_or(p.after_seq, |e| e.seq);
     Ok(Json(EventPage { run_id: run.run_id, last_seq: run.last_seq, next_after_seq: next, events })
         .into_response())
+}
+
+/// `GET /v1/runs/{run_id}/view`: the run's views, as the reducer folds them.
+pub(crate) async fn view(State(app): State<AppRef>, Caller(who): Caller, Path(run_id): Path<String>) -> Result<Response> {
+    let (_, view) = app.view(&who, &run_id).await?;
+    Ok(Json(&*view).into_response())
 }

@@ -37,7 +37,8 @@ use crate::domain::{Event, Origin, Resolution, RunGuard};
 type Scope = Option<String>;
 
 /// All views of one run at `seq`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, async_graphql::SimpleObject)]
+#[graphql(name = "RunView")]
 pub struct RunView {
     /// Seq of the last event folded in (0 for an empty run).
     pub seq: i64,
@@ -57,9 +58,17 @@ pub struct RunView {
     pub compaction: CompactionView,
     /// Events the guard refused (never in a log written by agent-stream).
     pub anomalies: u64,
+    #[serde(skip)]
+    #[graphql(skip)]
     guard: RunGuard,
+    #[serde(skip)]
+    #[graphql(skip)]
     message_ix: HashMap<(Scope, String), usize>,
+    #[serde(skip)]
+    #[graphql(skip)]
     tool_ix: HashMap<(Scope, String), usize>,
+    #[serde(skip)]
+    #[graphql(skip)]
     child_ix: HashMap<String, usize>,
 }
 

@@ -32,22 +32,35 @@ pub fn event_from_row(r: &Row) -> Result<Event> {
     })
 }
 
-/// Up to `limit` events of a run after `after_seq`. The caller has scoped the
-/// transaction to the tenant.
+/// Which events of a run a reader wants.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Only these types (exact names, e.g. `tool.start`, `custom.note`); `None` = all.
+    pub types: Option<Vec<String>>,
+    /// Only events of this child; `None` = all.
+    pub child_id: Option<String>,
+}
+
+/// Up to `limit` events of a run after `after_seq` that pass `filter`. The caller has
+/// scoped the transaction to the tenant.
 pub async fn read_after<C: GenericClient>(
     c: &C,
     tenant: &str,
     run_id: &str,
     after_seq: i64,
     limit: i64,
+    filter: &Filter,
 ) -> Result<Vec<Event>> {
     let stmt = c
         .prepare_cached(&format!(
             "SELECT {EVENT_COLUMNS} FROM agent_run_events
-             WHERE tenant_id = $1 AND run_id = $2 AND seq > $3 ORDER BY seq LIMIT $4"
+             WHERE tenant_id = $1 AND run_id = $2 AND seq > $3
+               AND ($5::text[] IS NULL OR type = ANY($5))
+               AND ($6::text IS NULL OR child_id = $6)
+             ORDER BY seq LIMIT $4"
         ))
         .await?;
-    let rows = c.query(&stmt, &[&tenant, &run_id, &after_seq, &limit]).await?;
+    let rows = c.query(&stmt, &[&tenant, &run_id, &after_seq, &limit, &filter.types, &filter.child_id]).await?;
     rows.iter().map(event_from_row).collect()
 }
 

@@ -9,6 +9,7 @@ pub mod events;
 pub mod migrate;
 pub mod runs;
 pub mod tenants;
+pub mod views;
 
 pub use append::{append, AppendOutcome, Guards};
 pub use db::{Db, DbConfig};

@@ -100,15 +100,55 @@ pub async fn create_run(db: &Db, tenant: &str, parent_run_id: Option<&str>) -> R
 
 /// Looks a run up; `RUN-NOT-FOUND` when the tenant has no such run.
 pub async fn get_run(db: &Db, tenant: &str, run_id: &str) -> Result<RunInfo> {
-    let run_id = parse_run_id(run_id)?;
     let mut client = db.pool.get().await?;
     let tx = tenant_tx(&mut client, tenant).await?;
-    let row = tx
-        .query_opt(
-            &format!("SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1 AND run_id = $2"),
-            &[&tenant, &run_id],
-        )
-        .await?;
+    let run = get_run_in(&tx, tenant, run_id).await?;
     tx.commit().await?;
+    Ok(run)
+}
+
+/// [`get_run`] inside a transaction already scoped to the tenant.
+pub async fn get_run_in<C: deadpool_postgres::GenericClient>(c: &C, tenant: &str, run_id: &str) -> Result<RunInfo> {
+    let run_id = parse_run_id(run_id)?;
+    let stmt = c.prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1 AND run_id = $2")).await?;
+    let row = c.query_opt(&stmt, &[&tenant, &run_id]).await?;
     row.as_ref().map(run_from_row).ok_or_else(|| run_not_found(&run_id))
+}
+
+/// Filters and cursor of a run listing (newest first, by run id).
+#[derive(Debug, Clone, Default)]
+pub struct RunQuery {
+    /// Only runs in this state.
+    pub state: Option<RunState>,
+    /// Only runs created at or after this time.
+    pub created_after: Option<DateTime<Utc>>,
+    /// Only runs created before this time.
+    pub created_before: Option<DateTime<Utc>>,
+    /// Only runs older than this run id (the cursor).
+    pub before_run_id: Option<String>,
+    /// Page size.
+    pub limit: i64,
+}
+
+/// A page of the tenant's runs, newest first. Run ids are ULIDs, so their order is
+/// creation order and they double as a stable cursor.
+pub async fn list_runs(db: &Db, tenant: &str, q: &RunQuery) -> Result<Vec<RunInfo>> {
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    let stmt = tx
+        .prepare_cached(&format!(
+            "SELECT {RUN_COLUMNS} FROM runs
+             WHERE tenant_id = $1
+               AND ($2::text IS NULL OR state = $2)
+               AND ($3::timestamptz IS NULL OR created_at >= $3)
+               AND ($4::timestamptz IS NULL OR created_at < $4)
+               AND ($5::text IS NULL OR run_id < $5)
+             ORDER BY run_id DESC LIMIT $6"
+        ))
+        .await?;
+    let state = q.state.map(|s| s.as_str());
+    let rows =
+        tx.query(&stmt, &[&tenant, &state, &q.created_after, &q.created_before, &q.before_run_id, &q.limit]).await?;
+    tx.commit().await?;
+    Ok(rows.iter().map(run_from_row).collect())
 }

@@ -105,3 +105,45 @@ fn valid_name(name: &str) -> bool {
         && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
         && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'_')
 }
+
+/// Creates a read-only PostgreSQL login for analysts of tenant `name`: a member of
+/// `agent_stream_analyst` mapped to the tenant, so row-level security shows it that
+/// tenant's rows only. Returns the role name.
+pub async fn create_analyst(client: &mut Client, name: &str, role: &str, password: Option<&str>) -> Result<String> {
+    let ok = !role.is_empty()
+        && role.len() <= 63
+        && role.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !role.starts_with("pg_");
+    if !ok {
+        return Err(Error::reject(
+            ErrorCode::InvalidParameter,
+            format!("role name `{role}` is invalid: use 1-63 lowercase letters, digits or `_`"),
+        ));
+    }
+    let tx = client.transaction().await?;
+    let Some(tenant_id) = tenant_id_in(&tx, name).await? else {
+        return Err(Error::reject(ErrorCode::NotFound, format!("no tenant named `{name}`")));
+    };
+    let schema: String = tx.query_one("SELECT current_schema()", &[]).await?.get(0);
+    let create: String = tx
+        .query_one(
+            "SELECT format('CREATE ROLE %I LOGIN PASSWORD %L IN ROLE agent_stream_analyst; \
+                            ALTER ROLE %I SET search_path = %I', $1::text, $2::text, $1::text, $3::text)",
+            &[&role, &password, &schema],
+        )
+        .await?
+        .get(0);
+    tx.batch_execute(&create).await.map_err(|e| match e.code() {
+        Some(c) if *c == tokio_postgres::error::SqlState::DUPLICATE_OBJECT => {
+            Error::reject(ErrorCode::AlreadyExists, format!("role `{role}` already exists"))
+        }
+        _ => Error::Db(e),
+    })?;
+    tx.execute("INSERT INTO analyst_logins (role_name, tenant_id) VALUES ($1, $2)", &[&role, &tenant_id]).await?;
+    tx.commit().await?;
+    Ok(role.to_owned())
+}
+
+async fn tenant_id_in(tx: &tokio_postgres::Transaction<'_>, name: &str) -> Result<Option<String>> {
+    Ok(tx.query_opt("SELECT tenant_id FROM tenants WHERE name = $1", &[&name]).await?.map(|r| r.get(0)))
+}

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use crate::auth::{Authenticator, Principal, Scope};
-use crate::domain::{Batch, Event, Origin};
-use crate::error::{Error, ErrorCode, Result};
 use crate::domain::event::{Decision, EventBody, Lifecycle, MessageEnd, MessageStart, PlanDecision, Role};
+use crate::domain::{Batch, Event, Origin};
 use crate::domain::{NewEvent, RunGuard, RunState};
+use crate::error::{Error, ErrorCode, Result};
 use crate::projection::RunView;
 use crate::storage::views::{load_view, ViewCache};
 use crate::storage::{self, db::tenant_tx, events, runs, AppendOutcome, Db, Guards, RunInfo};
@@ -178,9 +178,9 @@ impl Control {
                     ),
                 ));
             }
-            let plan_id = g
-                .pending_plan(None)
-                .ok_or_else(|| Error::reject(ErrorCode::PlanNotPending, "the run has no plan awaiting a decision"))?;
+            let plan_id = g.pending_plan(None).ok_or_else(|| {
+                Error::reject(ErrorCode::PlanNotPending, "the run has no plan awaiting a decision")
+            })?;
             let verb = if decision == Decision::Approved { "approved" } else { "rejected" };
             Ok(vec![
                 NewEvent {
@@ -199,12 +199,21 @@ impl Control {
         match self {
             Control::ApprovePlan(r) => decide(Decision::Approved, r, RunState::Running),
             Control::RejectPlan(r) => decide(Decision::Rejected, r, RunState::Planning),
-            Control::Pause(r) => Ok(vec![lifecycle(RunState::Paused, r.or_else(|| Some("paused by user".into())))]),
-            Control::Resume(r) => Ok(vec![lifecycle(RunState::Running, r.or_else(|| Some("resumed by user".into())))]),
-            Control::Abort(r) => Ok(vec![lifecycle(RunState::Aborted, r.or_else(|| Some("aborted by user".into())))]),
+            Control::Pause(r) => {
+                Ok(vec![lifecycle(RunState::Paused, r.or_else(|| Some("paused by user".into())))])
+            }
+            Control::Resume(r) => {
+                Ok(vec![lifecycle(RunState::Running, r.or_else(|| Some("resumed by user".into())))])
+            }
+            Control::Abort(r) => {
+                Ok(vec![lifecycle(RunState::Aborted, r.or_else(|| Some("aborted by user".into())))])
+            }
             Control::Redirect(instruction) => {
                 if instruction.trim().is_empty() {
-                    return Err(Error::reject(ErrorCode::InvalidParameter, "a redirect needs an instruction"));
+                    return Err(Error::reject(
+                        ErrorCode::InvalidParameter,
+                        "a redirect needs an instruction",
+                    ));
                 }
                 let id = format!("redirect-{}", g.last_seq() + 1);
                 Ok(vec![
@@ -212,7 +221,10 @@ impl Control {
                     NewEvent {
                         child_id: None,
                         key: None,
-                        body: EventBody::MessageStart(MessageStart { message_id: id.clone(), role: Role::User }),
+                        body: EventBody::MessageStart(MessageStart {
+                            message_id: id.clone(),
+                            role: Role::User,
+                        }),
                     },
                     NewEvent {
                         child_id: None,

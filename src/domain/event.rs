@@ -201,7 +201,7 @@ pub struct PlanStep {
     /// What kind of work it is.
     pub intent: Intent,
     /// Tools it expects to use.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub est_tools: Vec<String>,
     /// Estimated cost.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -11,14 +11,14 @@ use serde_json::Value;
 use super::error::GqlResult;
 use super::CallerResult;
 use crate::app::AppRef;
+use crate::app::{Control, MAX_PAGE};
 use crate::auth::Principal;
 use crate::domain::input::parse_event;
-use crate::app::{Control, MAX_PAGE};
 use crate::domain::{Batch, Event, RunState};
+use crate::error::{Error, ErrorCode};
 use crate::projection::RunView;
 use crate::storage::events::Filter;
 use crate::storage::runs::RunQuery;
-use crate::error::{Error, ErrorCode};
 use crate::storage::{AppendOutcome, RunInfo};
 
 fn app<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a AppRef> {
@@ -177,14 +177,16 @@ impl Query {
     async fn runs(
         &self,
         ctx: &Context<'_>,
-        #[graphql(desc = "Page size, 1-1000.", default = 20)] first: i32,
+        #[graphql(desc = "Page size, 1-1000 (default 20).")] first: Option<i32>,
         #[graphql(desc = "Cursor: the endCursor of the previous page.")] after: Option<String>,
         state: Option<RunState>,
         created_after: Option<DateTime<Utc>>,
         created_before: Option<DateTime<Utc>>,
     ) -> async_graphql::Result<Connection<String, GqlRun, EmptyFields, EmptyFields>> {
+        let first = first.unwrap_or(20);
         if !(1..=1000).contains(&first) {
-            return Err(Error::reject(ErrorCode::InvalidParameter, "`first` must be between 1 and 1000")).gql();
+            return Err(Error::reject(ErrorCode::InvalidParameter, "`first` must be between 1 and 1000"))
+                .gql();
         }
         let before_run_id = after.map(|c| crate::storage::runs::parse_run_id(&c)).transpose().gql()?;
         let q = RunQuery {
@@ -207,17 +209,22 @@ impl Query {
         &self,
         ctx: &Context<'_>,
         run_id: ID,
-        #[graphql(default = 0)] after_seq: i64,
-        #[graphql(desc = "Page size, 1-10000.", default = 100)] first: i64,
+        #[graphql(desc = "Return events after this seq (default 0: from the start).")] after_seq: Option<i64>,
+        #[graphql(desc = "Page size, 1-10000 (default 100).")] first: Option<i64>,
         #[graphql(desc = "Only these event types.")] types: Option<Vec<String>>,
         #[graphql(desc = "Only this child's events.")] child_id: Option<String>,
     ) -> async_graphql::Result<Connection<i64, GqlEvent, EmptyFields, EmptyFields>> {
+        let (after_seq, first) = (after_seq.unwrap_or(0), first.unwrap_or(100));
         if !(1..=MAX_PAGE).contains(&first) {
-            return Err(Error::reject(ErrorCode::InvalidParameter, format!("`first` must be between 1 and {MAX_PAGE}")))
-                .gql();
+            return Err(Error::reject(
+                ErrorCode::InvalidParameter,
+                format!("`first` must be between 1 and {MAX_PAGE}"),
+            ))
+            .gql();
         }
         let filter = Filter { types, child_id };
-        let (_, mut evs) = app(ctx)?.events(caller(ctx)?, &run_id, after_seq, first + 1, &filter).await.gql()?;
+        let (_, mut evs) =
+            app(ctx)?.events(caller(ctx)?, &run_id, after_seq, first + 1, &filter).await.gql()?;
         let has_next = evs.len() > first as usize;
         evs.truncate(first as usize);
         let mut conn = Connection::new(after_seq > 0, has_next);
@@ -287,32 +294,62 @@ impl Mutation {
 
     /// Approves the pending plan: writes `plan.decision` and moves the run from
     /// awaiting_approval to running.
-    async fn approve_plan(&self, ctx: &Context<'_>, run_id: ID, reason: Option<String>) -> async_graphql::Result<GqlRun> {
+    async fn approve_plan(
+        &self,
+        ctx: &Context<'_>,
+        run_id: ID,
+        reason: Option<String>,
+    ) -> async_graphql::Result<GqlRun> {
         control(ctx, run_id, Control::ApprovePlan(reason)).await
     }
 
     /// Rejects the pending plan: writes `plan.decision` and moves the run back to planning.
-    async fn reject_plan(&self, ctx: &Context<'_>, run_id: ID, reason: Option<String>) -> async_graphql::Result<GqlRun> {
+    async fn reject_plan(
+        &self,
+        ctx: &Context<'_>,
+        run_id: ID,
+        reason: Option<String>,
+    ) -> async_graphql::Result<GqlRun> {
         control(ctx, run_id, Control::RejectPlan(reason)).await
     }
 
     /// Pauses a running run.
-    async fn pause_run(&self, ctx: &Context<'_>, run_id: ID, reason: Option<String>) -> async_graphql::Result<GqlRun> {
+    async fn pause_run(
+        &self,
+        ctx: &Context<'_>,
+        run_id: ID,
+        reason: Option<String>,
+    ) -> async_graphql::Result<GqlRun> {
         control(ctx, run_id, Control::Pause(reason)).await
     }
 
     /// Resumes a paused run.
-    async fn resume_run(&self, ctx: &Context<'_>, run_id: ID, reason: Option<String>) -> async_graphql::Result<GqlRun> {
+    async fn resume_run(
+        &self,
+        ctx: &Context<'_>,
+        run_id: ID,
+        reason: Option<String>,
+    ) -> async_graphql::Result<GqlRun> {
         control(ctx, run_id, Control::Resume(reason)).await
     }
 
     /// Aborts the run (terminal).
-    async fn abort_run(&self, ctx: &Context<'_>, run_id: ID, reason: Option<String>) -> async_graphql::Result<GqlRun> {
+    async fn abort_run(
+        &self,
+        ctx: &Context<'_>,
+        run_id: ID,
+        reason: Option<String>,
+    ) -> async_graphql::Result<GqlRun> {
         control(ctx, run_id, Control::Abort(reason)).await
     }
 
     /// Redirects the run: lifecycle `redirecting` plus the instruction as a user message.
-    async fn redirect_run(&self, ctx: &Context<'_>, run_id: ID, instruction: String) -> async_graphql::Result<GqlRun> {
+    async fn redirect_run(
+        &self,
+        ctx: &Context<'_>,
+        run_id: ID,
+        instruction: String,
+    ) -> async_graphql::Result<GqlRun> {
         control(ctx, run_id, Control::Redirect(instruction)).await
     }
 }

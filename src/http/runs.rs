@@ -121,7 +121,11 @@ pub(crate) async fn list(
 }
 
 /// `GET /v1/runs/{run_id}/view`: the run's views, as the reducer folds them.
-pub(crate) async fn view(State(app): State<AppRef>, Caller(who): Caller, Path(run_id): Path<String>) -> Result<Response> {
+pub(crate) async fn view(
+    State(app): State<AppRef>,
+    Caller(who): Caller,
+    Path(run_id): Path<String>,
+) -> Result<Response> {
     let (_, view) = app.view(&who, &run_id).await?;
     Ok(Json(&*view).into_response())
 }

@@ -60,7 +60,8 @@ pub async fn read_after<C: GenericClient>(
              ORDER BY seq LIMIT $4"
         ))
         .await?;
-    let rows = c.query(&stmt, &[&tenant, &run_id, &after_seq, &limit, &filter.types, &filter.child_id]).await?;
+    let rows =
+        c.query(&stmt, &[&tenant, &run_id, &after_seq, &limit, &filter.types, &filter.child_id]).await?;
     rows.iter().map(event_from_row).collect()
 }
 

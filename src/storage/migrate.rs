@@ -19,7 +19,11 @@ pub struct Migration {
 /// Every migration, in order. The files in `sql/` are the source of truth.
 pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 1, name: "0001_log.sql", sql: include_str!("../../sql/0001_log.sql") },
-    Migration { version: 2, name: "0002_analyst_views.sql", sql: include_str!("../../sql/0002_analyst_views.sql") },
+    Migration {
+        version: 2,
+        name: "0002_analyst_views.sql",
+        sql: include_str!("../../sql/0002_analyst_views.sql"),
+    },
 ];
 
 /// What a migration run did.

@@ -108,9 +108,15 @@ pub async fn get_run(db: &Db, tenant: &str, run_id: &str) -> Result<RunInfo> {
 }
 
 /// [`get_run`] inside a transaction already scoped to the tenant.
-pub async fn get_run_in<C: deadpool_postgres::GenericClient>(c: &C, tenant: &str, run_id: &str) -> Result<RunInfo> {
+pub async fn get_run_in<C: deadpool_postgres::GenericClient>(
+    c: &C,
+    tenant: &str,
+    run_id: &str,
+) -> Result<RunInfo> {
     let run_id = parse_run_id(run_id)?;
-    let stmt = c.prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1 AND run_id = $2")).await?;
+    let stmt = c
+        .prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1 AND run_id = $2"))
+        .await?;
     let row = c.query_opt(&stmt, &[&tenant, &run_id]).await?;
     row.as_ref().map(run_from_row).ok_or_else(|| run_not_found(&run_id))
 }
@@ -147,8 +153,9 @@ pub async fn list_runs(db: &Db, tenant: &str, q: &RunQuery) -> Result<Vec<RunInf
         ))
         .await?;
     let state = q.state.map(|s| s.as_str());
-    let rows =
-        tx.query(&stmt, &[&tenant, &state, &q.created_after, &q.created_before, &q.before_run_id, &q.limit]).await?;
+    let rows = tx
+        .query(&stmt, &[&tenant, &state, &q.created_after, &q.created_before, &q.before_run_id, &q.limit])
+        .await?;
     tx.commit().await?;
     Ok(rows.iter().map(run_from_row).collect())
 }

@@ -109,7 +109,12 @@ fn valid_name(name: &str) -> bool {
 /// Creates a read-only PostgreSQL login for analysts of tenant `name`: a member of
 /// `agent_stream_analyst` mapped to the tenant, so row-level security shows it that
 /// tenant's rows only. Returns the role name.
-pub async fn create_analyst(client: &mut Client, name: &str, role: &str, password: Option<&str>) -> Result<String> {
+pub async fn create_analyst(
+    client: &mut Client,
+    name: &str,
+    role: &str,
+    password: Option<&str>,
+) -> Result<String> {
     let ok = !role.is_empty()
         && role.len() <= 63
         && role.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
@@ -139,7 +144,8 @@ pub async fn create_analyst(client: &mut Client, name: &str, role: &str, passwor
         }
         _ => Error::Db(e),
     })?;
-    tx.execute("INSERT INTO analyst_logins (role_name, tenant_id) VALUES ($1, $2)", &[&role, &tenant_id]).await?;
+    tx.execute("INSERT INTO analyst_logins (role_name, tenant_id) VALUES ($1, $2)", &[&role, &tenant_id])
+        .await?;
     tx.commit().await?;
     Ok(role.to_owned())
 }

@@ -50,7 +50,12 @@ impl ViewCache {
 }
 
 /// The run's row and its views, folded at least up to the row's `last_seq`.
-pub async fn load_view(db: &Db, cache: &ViewCache, tenant: &str, run_id: &str) -> Result<(RunInfo, Arc<RunView>)> {
+pub async fn load_view(
+    db: &Db,
+    cache: &ViewCache,
+    tenant: &str,
+    run_id: &str,
+) -> Result<(RunInfo, Arc<RunView>)> {
     let mut client = db.pool.get().await?;
     let tx = tenant_tx(&mut client, tenant).await?;
     let run = get_run_in(&tx, tenant, run_id).await?;

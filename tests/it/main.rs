@@ -6,5 +6,6 @@ mod common;
 mod embedded;
 mod graphql;
 mod migrations;
+mod projection;
 mod tenancy;
 mod validation;

@@ -554,3 +554,61 @@ async fn the_analyst_role_reads_one_tenant_through_rls() {
     drop(c);
     let _ = owner.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).await;
 }
+
+/// The SQL in docs/analysts.md runs, as an analyst login, and answers from one tenant.
+#[tokio::test]
+async fn the_documented_analyst_queries_run_and_answer() {
+    let t = TestApp::new().await;
+    for seed in 200..206 {
+        store_generated(&t, seed, 120).await;
+    }
+    // Tenant b's runs must not leak into a's answers.
+    let b_run = t.create_run(&t.key_b).await;
+    t.append_ok(
+        &t.key_b,
+        &b_run,
+        json!([
+            {"type": "tool.start", "payload": {"call_id": "b", "tool": "b-only-tool"}},
+            {"type": "tool.end", "payload": {"call_id": "b", "ok": false, "duration_ms": 5}}
+        ]),
+    )
+    .await;
+    // A run stuck in awaiting_approval for two hours (written as the owner to backdate it).
+    let stuck = t.create_run(&t.key_a).await;
+    let mut owner = t.db.owner().await;
+    owner
+        .batch_execute(&format!(
+            "INSERT INTO agent_run_events (tenant_id, run_id, seq, id, ts, type, payload) VALUES
+               ('{a}', '{stuck}', 1, '01J0000000000000000000000A', now() - interval '2 hours', 'run.lifecycle', '{{\"state\": \"planning\"}}'),
+               ('{a}', '{stuck}', 2, '01J0000000000000000000000B', now() - interval '2 hours', 'run.lifecycle', '{{\"state\": \"awaiting_approval\"}}');
+             UPDATE runs SET last_seq = 2, state = 'awaiting_approval' WHERE run_id = '{stuck}';",
+            a = t.tenant_a
+        ))
+        .await
+        .unwrap();
+    let role = format!("analyst_{}", t.db.schema.to_lowercase());
+    agent_stream::storage::tenants::create_analyst(&mut owner, "a", &role, Some("pw")).await.unwrap();
+    let mut cfg: tokio_postgres::Config = t.db.url.parse().unwrap();
+    cfg.user(&role).password("pw");
+    let (c, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("analyst login");
+    tokio::spawn(conn);
+
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/analysts.md")).unwrap();
+    let queries: Vec<&str> =
+        doc.split("```sql").skip(1).map(|b| b.split("```").next().unwrap_or_default().trim()).collect();
+    assert_eq!(queries.len(), 6, "five questions and the raw-log example");
+    let mut answers = vec![];
+    for q in &queries {
+        let rows = c.query(*q, &[]).await.unwrap_or_else(|e| panic!("{q}\n{e:?}"));
+        answers.push(rows);
+    }
+    let tools: Vec<String> = answers[0].iter().map(|r| r.get("tool")).collect();
+    assert!(!tools.is_empty() && !tools.contains(&"b-only-tool".to_owned()), "{tools:?}");
+    assert!(!answers[1].is_empty());
+    let stuck_runs: Vec<String> = answers[2].iter().map(|r| r.get("run_id")).collect();
+    assert_eq!(stuck_runs, vec![stuck]);
+    assert!(!answers[3].is_empty(), "compactions happened in the generated runs");
+    assert!(!answers[4].is_empty(), "generated runs end with open messages");
+    drop(c);
+    let _ = owner.batch_execute(&format!("DROP ROLE {role}")).await;
+}

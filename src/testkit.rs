@@ -2,9 +2,31 @@
 //! emits what the guard accepts (random interleavings of children, messages, tools,
 //! steps, plans, compactions and lifecycle changes). Deterministic for a given seed.
 
+use chrono::{TimeZone, Utc};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
+use ulid::Ulid;
+
+use crate::domain::{Event, EventBody};
+
+/// Append inputs as the log would store them: seqs from 1, one millisecond apart.
+/// Panics on an invalid input; test data is supposed to be valid.
+pub fn stored(inputs: &[Value]) -> Vec<Event> {
+    inputs
+        .iter()
+        .enumerate()
+        .map(|(i, v)| Event {
+            id: Ulid::from_parts(1_700_000_000_000 + i as u64, 0),
+            ts: Utc.timestamp_millis_opt(1_700_000_000_000 + i as i64).single().expect("ts"),
+            run_id: "run".into(),
+            child_id: v.get("child_id").and_then(Value::as_str).map(str::to_owned),
+            seq: i as i64 + 1,
+            body: EventBody::parse(v["type"].as_str().expect("type"), v["payload"].clone())
+                .expect("valid event"),
+        })
+        .collect()
+}
 
 #[derive(Default)]
 struct Scope {
@@ -18,8 +40,14 @@ struct Scope {
 }
 
 /// A valid run of about `steps` events (plus a few lifecycle events), as append inputs
-/// `{type, payload, child_id?}`.
+/// `{type, payload, child_id?}`. Every kind of event is frequent: good for finding bugs.
 pub fn generated_run(seed: u64, steps: usize) -> Vec<Value> {
+    generated_run_mix(seed, steps, 0)
+}
+
+/// Like [`generated_run`], but `delta_pct` percent of the steps are text or reasoning
+/// deltas on top of the usual mix, as in real agent runs where streamed tokens dominate.
+pub fn generated_run_mix(seed: u64, steps: usize, delta_pct: u32) -> Vec<Value> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut out: Vec<Value> = vec![];
     let mut scopes = vec![Scope { state: "running", ..Default::default() }];
@@ -37,7 +65,16 @@ pub fn generated_run(seed: u64, steps: usize) -> Vec<Value> {
             }
             v
         };
-        let roll = rng.gen_range(0..100);
+        let mut roll = if rng.gen_range(0..100) < delta_pct { 10 } else { rng.gen_range(0..100) };
+        // Real producers keep a few messages and calls open at a time: past that,
+        // finish one instead of opening another.
+        let (open, running) = (scopes[si].open.len(), scopes[si].tools.len());
+        if (roll <= 9 && open >= 3) || ((10..=44).contains(&roll) && open > 3) {
+            roll = 45;
+        }
+        if (55..=62).contains(&roll) && running >= 4 {
+            roll = 67;
+        }
         let ev = match roll {
             0..=9 => {
                 let id = format!("m{n}");

@@ -13,7 +13,12 @@
 //! open message of its run or child, opened implicitly when there is none. That
 //! resolution is returned to the caller so the projection uses the very same rule.
 
-use imbl::{HashMap as PMap, Vector};
+use imbl::Vector;
+use rustc_hash::FxBuildHasher;
+
+/// Persistent map (O(1) clone) with a fast hasher: keys are producer ids, and a
+/// guard is private to the service, so flooding resistance buys nothing here.
+type PMap<K, V> = imbl::HashMap<K, V, FxBuildHasher>;
 
 use super::event::EventBody;
 use super::lifecycle::RunState;
@@ -49,6 +54,8 @@ struct ScopeState {
     /// Open message ids, most recently opened last: the last is "the current open message".
     open: Vector<String>,
     pending_plan: Option<String>,
+    messages: PMap<String, Msg>,
+    tools: PMap<String, Tool>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -63,15 +70,13 @@ enum Tool {
     Ended,
 }
 
-type Scope = Option<String>;
-
 /// Validation state of one run's log after `last_seq` events.
 #[derive(Debug, Clone)]
 pub struct RunGuard {
     last_seq: i64,
-    scopes: PMap<Scope, ScopeState>,
-    messages: PMap<(Scope, String), Msg>,
-    tools: PMap<(Scope, String), Tool>,
+    /// The run's own scope, kept out of the map: every event checks it.
+    root: ScopeState,
+    children: PMap<String, ScopeState>,
 }
 
 impl Default for RunGuard {
@@ -94,9 +99,7 @@ fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
 impl RunGuard {
     /// The guard of a run with no events.
     pub fn new() -> Self {
-        let mut scopes = PMap::new();
-        scopes.insert(None, ScopeState::default());
-        RunGuard { last_seq: 0, scopes, messages: PMap::new(), tools: PMap::new() }
+        RunGuard { last_seq: 0, root: ScopeState::default(), children: PMap::default() }
     }
 
     /// Seq of the last event applied.
@@ -106,17 +109,20 @@ impl RunGuard {
 
     /// The run's own lifecycle state (`None` until its first `run.lifecycle`).
     pub fn state(&self) -> Option<RunState> {
-        self.scopes.get(&None).and_then(|s| s.state)
+        self.root.state
     }
 
     /// The plan awaiting a decision in the run (`child` = None) or a child, if any.
     pub fn pending_plan(&self, child: Option<&str>) -> Option<&str> {
-        self.scopes.get(&child.map(str::to_owned)).and_then(|s| s.pending_plan.as_deref())
+        match child {
+            None => self.root.pending_plan.as_deref(),
+            Some(c) => self.children.get(c).and_then(|s| s.pending_plan.as_deref()),
+        }
     }
 
     /// The lifecycle state of a child scope.
     pub fn child_state(&self, child: &str) -> Option<RunState> {
-        self.scopes.get(&Some(child.to_owned())).and_then(|s| s.state)
+        self.children.get(child).and_then(|s| s.state)
     }
 
     /// Checks `body` as the event at `seq` and, if it is legal, records it.
@@ -129,52 +135,67 @@ impl RunGuard {
         body: &EventBody,
         origin: Origin,
     ) -> Result<Resolution, Rejection> {
-        let scope: Scope = child_id.map(str::to_owned);
-        self.check_open(&scope)?;
+        self.check_open(child_id)?;
+        if let EventBody::ChildSpawn(p) = body {
+            if self.children.contains_key(p.child_id.as_str()) {
+                return Err(Rejection::new(
+                    ErrorCode::ChildDuplicate,
+                    format!("child `{}` was already spawned", p.child_id),
+                ));
+            }
+            self.children.insert(p.child_id.clone(), ScopeState::default());
+            self.last_seq = seq;
+            return Ok(Resolution::None);
+        }
+        let name = || scope_name(child_id);
+        let sc = match child_id {
+            None => &mut self.root,
+            Some(c) => match self.children.get_mut(c) {
+                Some(sc) => sc,
+                // check_open guarantees the scope exists.
+                None => return Err(Rejection::new(ErrorCode::ChildUnknown, "unknown child")),
+            },
+        };
         let res = match body {
             EventBody::Lifecycle(p) => {
-                let st = self.scope_mut(&scope);
-                if !RunState::can_move(st.state, p.state) {
-                    let from = st.state.map_or("new", RunState::as_str);
+                if !RunState::can_move(sc.state, p.state) {
+                    let from = sc.state.map_or("new", RunState::as_str);
                     let allowed: Vec<&str> =
-                        RunState::successors(st.state).iter().map(|s| s.as_str()).collect();
+                        RunState::successors(sc.state).iter().map(|s| s.as_str()).collect();
                     return Err(Rejection::new(
                         ErrorCode::LifecycleIllegal,
                         format!(
                             "{} cannot move from `{from}` to `{}`; allowed next states: {}",
-                            scope_name(&scope),
+                            name(),
                             p.state,
                             if allowed.is_empty() { "none".to_owned() } else { allowed.join(", ") }
                         ),
                     ));
                 }
-                st.state = Some(p.state);
+                sc.state = Some(p.state);
                 if p.state.is_terminal() {
                     // Later events of this scope are refused by check_open, so open
                     // messages need no closing here; the projection marks them interrupted.
-                    st.open.clear();
-                    st.pending_plan = None;
+                    sc.open.clear();
+                    sc.pending_plan = None;
                 }
                 Resolution::None
             }
             EventBody::MessageStart(p) => {
-                let key = (scope.clone(), p.message_id.clone());
-                if self.messages.contains_key(&key) {
+                if sc.messages.contains_key(p.message_id.as_str()) {
                     return Err(Rejection::new(
                         ErrorCode::MessageDuplicate,
                         format!("message `{}` was already started", p.message_id),
                     ));
                 }
-                self.messages.insert(key, Msg::Open { text_len: 0, text_hash: FNV_OFFSET });
-                self.scope_mut(&scope).open.push_back(p.message_id.clone());
+                sc.messages.insert(p.message_id.clone(), Msg::Open { text_len: 0, text_hash: FNV_OFFSET });
+                sc.open.push_back(p.message_id.clone());
                 Resolution::Message { id: p.message_id.clone(), implicit: false }
             }
             EventBody::TextDelta(p) | EventBody::ReasoningDelta(p) => {
-                let (id, implicit) = self.delta_target(seq, &scope, p.message_id.as_deref())?;
+                let (id, implicit) = delta_target(sc, seq, p.message_id.as_deref())?;
                 if let EventBody::TextDelta(_) = body {
-                    if let Some(Msg::Open { text_len, text_hash }) =
-                        self.messages.get_mut(&(scope.clone(), id.clone()))
-                    {
+                    if let Some(Msg::Open { text_len, text_hash }) = sc.messages.get_mut(id.as_str()) {
                         *text_len += p.text.len();
                         *text_hash = fnv1a(*text_hash, p.text.as_bytes());
                     }
@@ -184,18 +205,14 @@ impl RunGuard {
             EventBody::MessageEnd(p) => {
                 let id = match &p.message_id {
                     Some(id) => id.clone(),
-                    None => self.scope_mut(&scope).open.last().cloned().ok_or_else(|| {
+                    None => sc.open.last().cloned().ok_or_else(|| {
                         Rejection::new(
                             ErrorCode::MessageUnknown,
-                            format!(
-                                "`message.end` without message_id, but {} has no open message",
-                                scope_name(&scope)
-                            ),
+                            format!("`message.end` without message_id, but {} has no open message", name()),
                         )
                     })?,
                 };
-                let key = (scope.clone(), id.clone());
-                match self.messages.get(&key) {
+                match sc.messages.get(id.as_str()) {
                     None => {
                         return Err(Rejection::new(
                             ErrorCode::MessageUnknown,
@@ -222,49 +239,36 @@ impl RunGuard {
                         }
                     }
                 }
-                self.messages.insert(key, Msg::Closed);
-                let open = &mut self.scope_mut(&scope).open;
-                if let Some(pos) = open.iter().position(|m| *m == id) {
-                    open.remove(pos);
+                sc.messages.insert(id.clone(), Msg::Closed);
+                if let Some(pos) = sc.open.iter().rposition(|m| *m == id) {
+                    sc.open.remove(pos);
                 }
                 Resolution::Message { id, implicit: false }
             }
             EventBody::ToolStart(p) => {
-                let key = (scope.clone(), p.call_id.clone());
-                if self.tools.contains_key(&key) {
+                if sc.tools.contains_key(p.call_id.as_str()) {
                     return Err(Rejection::new(
                         ErrorCode::ToolDuplicateCall,
                         format!("tool call `{}` was already started", p.call_id),
                     ));
                 }
-                self.tools.insert(key, Tool::Running);
-                match self.scope_mut(&scope).open.last() {
+                sc.tools.insert(p.call_id.clone(), Tool::Running);
+                match sc.open.last() {
                     Some(id) => Resolution::Message { id: id.clone(), implicit: false },
                     None => Resolution::None,
                 }
             }
             EventBody::ToolProgress(p) => {
-                self.running_tool(&scope, &p.call_id, "tool.progress")?;
+                running_tool(sc, &p.call_id, "tool.progress")?;
                 Resolution::None
             }
             EventBody::ToolEnd(p) => {
-                self.running_tool(&scope, &p.call_id, "tool.end")?;
-                self.tools.insert((scope.clone(), p.call_id.clone()), Tool::Ended);
-                Resolution::None
-            }
-            EventBody::ChildSpawn(p) => {
-                let child: Scope = Some(p.child_id.clone());
-                if self.scopes.contains_key(&child) {
-                    return Err(Rejection::new(
-                        ErrorCode::ChildDuplicate,
-                        format!("child `{}` was already spawned", p.child_id),
-                    ));
-                }
-                self.scopes.insert(child, ScopeState::default());
+                running_tool(sc, &p.call_id, "tool.end")?;
+                sc.tools.insert(p.call_id.clone(), Tool::Ended);
                 Resolution::None
             }
             EventBody::PlanProposal(p) => {
-                self.scope_mut(&scope).pending_plan = Some(p.plan.id.clone());
+                sc.pending_plan = Some(p.plan.id.clone());
                 Resolution::None
             }
             EventBody::PlanDecision(p) => {
@@ -274,17 +278,17 @@ impl RunGuard {
                         "`plan.decision` is written by the service when a user approves or rejects a plan; producers cannot append it",
                     ));
                 }
-                let st = self.scope_mut(&scope);
-                if st.pending_plan.as_deref() != Some(p.plan_id.as_str()) {
+                if sc.pending_plan.as_deref() != Some(p.plan_id.as_str()) {
                     return Err(Rejection::new(
                         ErrorCode::PlanNotPending,
                         format!("plan `{}` is not awaiting a decision", p.plan_id),
                     ));
                 }
-                st.pending_plan = None;
+                sc.pending_plan = None;
                 Resolution::None
             }
-            EventBody::StepBoundary(_)
+            EventBody::ChildSpawn(_)
+            | EventBody::StepBoundary(_)
             | EventBody::CompactionStart(_)
             | EventBody::CompactionEnd(_)
             | EventBody::Custom { .. } => Resolution::None,
@@ -294,15 +298,15 @@ impl RunGuard {
     }
 
     /// Refuses anything after the run, or the event's child, reached a terminal state.
-    fn check_open(&self, scope: &Scope) -> Result<(), Rejection> {
+    fn check_open(&self, child: Option<&str>) -> Result<(), Rejection> {
         if let Some(st) = self.state().filter(|s| s.is_terminal()) {
             return Err(Rejection::new(
                 ErrorCode::RunClosed,
                 format!("the run ended with state `{st}`; nothing can be appended after it"),
             ));
         }
-        if let Some(child) = scope {
-            match self.scopes.get(scope) {
+        if let Some(child) = child {
+            match self.children.get(child) {
                 None => {
                     return Err(Rejection::new(
                         ErrorCode::ChildUnknown,
@@ -320,51 +324,41 @@ impl RunGuard {
         }
         Ok(())
     }
+}
 
-    fn scope_mut(&mut self, scope: &Scope) -> &mut ScopeState {
-        // check_open guarantees the scope exists; the root always does.
-        self.scopes.entry(scope.clone()).or_default()
+/// Finds (or implicitly opens) the message a delta belongs to.
+fn delta_target(sc: &mut ScopeState, seq: i64, explicit: Option<&str>) -> Result<(String, bool), Rejection> {
+    let id = match explicit {
+        Some(id) => match sc.messages.get(id) {
+            Some(Msg::Open { .. }) => return Ok((id.to_owned(), false)),
+            Some(Msg::Closed) => return Err(ended_message(id)),
+            None => id.to_owned(),
+        },
+        None => match sc.open.last() {
+            Some(id) => return Ok((id.clone(), false)),
+            None => format!("msg-{seq}"),
+        },
+    };
+    if sc.messages.contains_key(id.as_str()) {
+        // Only reachable when a producer used our implicit id scheme themselves.
+        return Err(ended_message(&id));
     }
+    sc.messages.insert(id.clone(), Msg::Open { text_len: 0, text_hash: FNV_OFFSET });
+    sc.open.push_back(id.clone());
+    Ok((id, true))
+}
 
-    /// Finds (or implicitly opens) the message a delta belongs to.
-    fn delta_target(
-        &mut self,
-        seq: i64,
-        scope: &Scope,
-        explicit: Option<&str>,
-    ) -> Result<(String, bool), Rejection> {
-        let id = match explicit {
-            Some(id) => match self.messages.get(&(scope.clone(), id.to_owned())) {
-                Some(Msg::Open { .. }) => return Ok((id.to_owned(), false)),
-                Some(Msg::Closed) => return Err(ended_message(id)),
-                None => id.to_owned(),
-            },
-            None => match self.scope_mut(scope).open.last() {
-                Some(id) => return Ok((id.clone(), false)),
-                None => format!("msg-{seq}"),
-            },
-        };
-        if self.messages.contains_key(&(scope.clone(), id.clone())) {
-            // Only reachable when a producer used our implicit id scheme themselves.
-            return Err(ended_message(&id));
-        }
-        self.messages.insert((scope.clone(), id.clone()), Msg::Open { text_len: 0, text_hash: FNV_OFFSET });
-        self.scope_mut(scope).open.push_back(id.clone());
-        Ok((id, true))
-    }
-
-    fn running_tool(&self, scope: &Scope, call_id: &str, what: &str) -> Result<(), Rejection> {
-        match self.tools.get(&(scope.clone(), call_id.to_owned())) {
-            Some(Tool::Running) => Ok(()),
-            Some(Tool::Ended) => Err(Rejection::new(
-                ErrorCode::ToolCallEnded,
-                format!("`{what}` for tool call `{call_id}`, which already ended"),
-            )),
-            None => Err(Rejection::new(
-                ErrorCode::ToolUnknownCall,
-                format!("`{what}` for tool call `{call_id}`, which was never started"),
-            )),
-        }
+fn running_tool(sc: &ScopeState, call_id: &str, what: &str) -> Result<(), Rejection> {
+    match sc.tools.get(call_id) {
+        Some(Tool::Running) => Ok(()),
+        Some(Tool::Ended) => Err(Rejection::new(
+            ErrorCode::ToolCallEnded,
+            format!("`{what}` for tool call `{call_id}`, which already ended"),
+        )),
+        None => Err(Rejection::new(
+            ErrorCode::ToolUnknownCall,
+            format!("`{what}` for tool call `{call_id}`, which was never started"),
+        )),
     }
 }
 
@@ -372,8 +366,8 @@ fn ended_message(id: &str) -> Rejection {
     Rejection::new(ErrorCode::MessageEnded, format!("message `{id}` already ended"))
 }
 
-fn scope_name(scope: &Scope) -> String {
-    match scope {
+fn scope_name(child: Option<&str>) -> String {
+    match child {
         None => "the run".to_owned(),
         Some(c) => format!("child `{c}`"),
     }

@@ -28,13 +28,23 @@
 //! - compaction: `active` between start and end; each end adds its stats to `last` and
 //!   its `tokens_removed` to the total.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use super::view::*;
 use crate::domain::event::{EventBody, Role};
 use crate::domain::{Event, Origin, Resolution, RunGuard};
 
-type Scope = Option<String>;
+/// Scope key: the run itself is `""`, a child its (non-empty) id. Keying nested maps
+/// by `&str` lets every lookup borrow instead of allocating a key.
+const ROOT: &str = "";
+
+/// The value for scope `k`, created on first use (allocating the key only then).
+fn scoped<'a, V: Default>(map: &'a mut FxHashMap<String, V>, k: &str) -> &'a mut V {
+    if !map.contains_key(k) {
+        map.insert(k.to_owned(), V::default());
+    }
+    map.get_mut(k).expect("inserted above")
+}
 
 /// All views of one run at `seq`.
 #[derive(Debug, Clone, Default, serde::Serialize, async_graphql::SimpleObject)]
@@ -63,13 +73,22 @@ pub struct RunView {
     guard: RunGuard,
     #[serde(skip)]
     #[graphql(skip)]
-    message_ix: HashMap<(Scope, String), usize>,
+    message_ix: FxHashMap<String, FxHashMap<String, usize>>,
     #[serde(skip)]
     #[graphql(skip)]
-    tool_ix: HashMap<(Scope, String), usize>,
+    tool_ix: FxHashMap<String, FxHashMap<String, usize>>,
     #[serde(skip)]
     #[graphql(skip)]
-    child_ix: HashMap<String, usize>,
+    child_ix: FxHashMap<String, usize>,
+    /// Indexes of streaming messages per scope, so steps and terminal states touch only
+    /// what is open, not every message of the run.
+    #[serde(skip)]
+    #[graphql(skip)]
+    open_messages: FxHashMap<String, Vec<usize>>,
+    /// Indexes of running tool calls per scope.
+    #[serde(skip)]
+    #[graphql(skip)]
+    running_tools: FxHashMap<String, Vec<usize>>,
 }
 
 impl PartialEq for RunView {
@@ -115,7 +134,7 @@ impl RunView {
             }
         };
         self.seq = e.seq;
-        let scope: Scope = e.child_id.clone();
+        let sk = child.unwrap_or(ROOT);
         match &e.body {
             EventBody::Lifecycle(p) => {
                 let from = match child {
@@ -143,13 +162,13 @@ impl RunView {
                 }
             }
             EventBody::MessageStart(p) => {
-                self.open_message(scope, p.message_id.clone(), p.role, false, e.seq);
+                self.open_message(e.child_id.as_ref(), p.message_id.clone(), p.role, false, e.seq);
             }
             EventBody::TextDelta(p) | EventBody::ReasoningDelta(p) => {
                 let Resolution::Message { id, implicit } = resolution else { return };
-                let i = match self.message_ix.get(&(scope.clone(), id.clone())) {
+                let i = match self.message_ix.get(sk).and_then(|m| m.get(id.as_str())) {
                     Some(i) if !implicit => *i,
-                    _ => self.open_message(scope, id, Role::Assistant, true, e.seq),
+                    _ => self.open_message(e.child_id.as_ref(), id, Role::Assistant, true, e.seq),
                 };
                 let kind = if matches!(e.body, EventBody::TextDelta(_)) {
                     BlockKind::Text
@@ -168,7 +187,8 @@ impl RunView {
             }
             EventBody::MessageEnd(p) => {
                 let Resolution::Message { id, .. } = resolution else { return };
-                if let Some(i) = self.message_ix.get(&(scope, id)).copied() {
+                if let Some(i) = self.message_ix.get(sk).and_then(|m| m.get(id.as_str())).copied() {
+                    remove_index(self.open_messages.get_mut(sk), i);
                     let m = &mut self.messages[i];
                     if let Some(text) = &p.text {
                         if m.text.is_empty() && !text.is_empty() {
@@ -196,7 +216,7 @@ impl RunView {
                     Resolution::None => None,
                 };
                 if let Some(mid) = &message_id {
-                    if let Some(i) = self.message_ix.get(&(scope.clone(), mid.clone())) {
+                    if let Some(i) = self.message_ix.get(sk).and_then(|m| m.get(mid.as_str())) {
                         self.messages[*i].blocks.push(Block {
                             kind: BlockKind::ToolCall,
                             text: None,
@@ -204,7 +224,9 @@ impl RunView {
                         });
                     }
                 }
-                self.tool_ix.insert((scope, p.call_id.clone()), self.tools.len());
+                let i = self.tools.len();
+                scoped(&mut self.running_tools, sk).push(i);
+                scoped(&mut self.tool_ix, sk).insert(p.call_id.clone(), i);
                 self.tools.push(ToolView {
                     call_id: p.call_id.clone(),
                     child_id: e.child_id.clone(),
@@ -224,15 +246,16 @@ impl RunView {
                 });
             }
             EventBody::ToolProgress(p) => {
-                if let Some(i) = self.tool_ix.get(&(scope, p.call_id.clone())) {
+                if let Some(i) = self.tool_ix.get(sk).and_then(|m| m.get(p.call_id.as_str())) {
                     let t = &mut self.tools[*i];
                     t.progress_count += 1;
                     t.last_progress = p.data.clone();
                 }
             }
             EventBody::ToolEnd(p) => {
-                if let Some(i) = self.tool_ix.get(&(scope, p.call_id.clone())) {
-                    let t = &mut self.tools[*i];
+                if let Some(i) = self.tool_ix.get(sk).and_then(|m| m.get(p.call_id.as_str())).copied() {
+                    remove_index(self.running_tools.get_mut(sk), i);
+                    let t = &mut self.tools[i];
                     t.status = if p.ok { ToolStatus::Success } else { ToolStatus::Error };
                     t.output = p.output.clone();
                     t.error = p.error.clone();
@@ -243,11 +266,10 @@ impl RunView {
             }
             EventBody::StepBoundary(p) => {
                 let open_message_ids = self
-                    .messages
-                    .iter()
-                    .filter(|m| m.status == MessageStatus::Streaming && m.child_id == e.child_id)
-                    .map(|m| m.id.clone())
-                    .collect();
+                    .open_messages
+                    .get(sk)
+                    .map(|ix| ix.iter().map(|i| self.messages[*i].id.clone()).collect())
+                    .unwrap_or_default();
                 self.steps.push(StepView {
                     seq: e.seq,
                     ts: e.ts,
@@ -318,11 +340,19 @@ impl RunView {
         }
     }
 
-    fn open_message(&mut self, scope: Scope, id: String, role: Role, implicit: bool, seq: i64) -> usize {
+    fn open_message(
+        &mut self,
+        child: Option<&String>,
+        id: String,
+        role: Role,
+        implicit: bool,
+        seq: i64,
+    ) -> usize {
+        let sk = child.map_or(ROOT, |c| c.as_str());
         let i = self.messages.len();
         self.messages.push(MessageView {
             id: id.clone(),
-            child_id: scope.clone(),
+            child_id: child.cloned(),
             role,
             status: MessageStatus::Streaming,
             blocks: vec![],
@@ -333,23 +363,30 @@ impl RunView {
             started_seq: seq,
             ended_seq: None,
         });
-        self.message_ix.insert((scope, id), i);
+        scoped(&mut self.open_messages, sk).push(i);
+        scoped(&mut self.message_ix, sk).insert(id, i);
         i
     }
 
     /// A terminal state: what is still open in the scope (all scopes, for the run
     /// itself) will never finish.
     fn interrupt(&mut self, child: Option<&str>, seq: i64) {
-        let in_scope = |c: &Option<String>| child.is_none() || c.as_deref() == child;
-        for m in
-            self.messages.iter_mut().filter(|m| m.status == MessageStatus::Streaming && in_scope(&m.child_id))
-        {
-            m.status = MessageStatus::Interrupted;
-            m.ended_seq = Some(seq);
+        let in_scope = |c: &String| child.is_none() || Some(c.as_str()) == child;
+        let scopes: Vec<String> = self.open_messages.keys().filter(|s| in_scope(s)).cloned().collect();
+        for scope in scopes {
+            for i in self.open_messages.remove(&scope).unwrap_or_default() {
+                let m = &mut self.messages[i];
+                m.status = MessageStatus::Interrupted;
+                m.ended_seq = Some(seq);
+            }
         }
-        for t in self.tools.iter_mut().filter(|t| t.status == ToolStatus::Running && in_scope(&t.child_id)) {
-            t.status = ToolStatus::Interrupted;
-            t.ended_seq = Some(seq);
+        let scopes: Vec<String> = self.running_tools.keys().filter(|s| in_scope(s)).cloned().collect();
+        for scope in scopes {
+            for i in self.running_tools.remove(&scope).unwrap_or_default() {
+                let t = &mut self.tools[i];
+                t.status = ToolStatus::Interrupted;
+                t.ended_seq = Some(seq);
+            }
         }
     }
 
@@ -360,12 +397,12 @@ impl RunView {
 
     /// A message by child scope and id.
     pub fn message(&self, child: Option<&str>, id: &str) -> Option<&MessageView> {
-        self.message_ix.get(&(child.map(str::to_owned), id.to_owned())).map(|i| &self.messages[*i])
+        self.message_ix.get(child.unwrap_or(ROOT)).and_then(|m| m.get(id)).map(|i| &self.messages[*i])
     }
 
     /// A tool call by child scope and call id.
     pub fn tool(&self, child: Option<&str>, call_id: &str) -> Option<&ToolView> {
-        self.tool_ix.get(&(child.map(str::to_owned), call_id.to_owned())).map(|i| &self.tools[*i])
+        self.tool_ix.get(child.unwrap_or(ROOT)).and_then(|m| m.get(call_id)).map(|i| &self.tools[*i])
     }
 
     /// Rough heap size of what the view shows, for cache accounting.
@@ -374,5 +411,15 @@ impl RunView {
         let tools: usize =
             self.tools.iter().map(|t| 300 + t.input.to_string().len() + t.output.to_string().len()).sum();
         1024 + msgs + tools + self.lifecycle.transitions.len() * 96 + self.steps.len() * 128
+    }
+}
+
+/// Removes `i` from an index list (open messages or running tools are few; a linear
+/// scan beats any structure here).
+fn remove_index(list: Option<&mut Vec<usize>>, i: usize) {
+    if let Some(list) = list {
+        if let Some(pos) = list.iter().position(|x| *x == i) {
+            list.remove(pos);
+        }
     }
 }

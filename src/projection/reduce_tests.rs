@@ -1,31 +1,14 @@
 //! The reducer's edge cases, one named test each, and the fold properties.
 
-use chrono::{TimeZone, Utc};
 use proptest::prelude::*;
 use serde_json::{json, Value};
-use ulid::Ulid;
 
 use super::view::{BlockKind, MessageStatus, ToolStatus};
 use super::RunView;
-use crate::domain::event::{Decision, EventBody};
-use crate::domain::{Event, RunState};
+use crate::domain::event::Decision;
+use crate::domain::RunState;
 
-/// Turns append inputs into stored events with seqs from 1.
-fn log(inputs: &[Value]) -> Vec<Event> {
-    inputs
-        .iter()
-        .enumerate()
-        .map(|(i, v)| Event {
-            id: Ulid::from_parts(1_700_000_000_000 + i as u64, 0),
-            ts: Utc.timestamp_millis_opt(1_700_000_000_000 + i as i64).single().expect("ts"),
-            run_id: "run".into(),
-            child_id: v.get("child_id").and_then(Value::as_str).map(str::to_owned),
-            seq: i as i64 + 1,
-            body: EventBody::parse(v["type"].as_str().expect("type"), v["payload"].clone())
-                .expect("valid event"),
-        })
-        .collect()
-}
+use crate::testkit::stored as log;
 
 fn fold(inputs: &[Value]) -> RunView {
     RunView::fold(&log(inputs))

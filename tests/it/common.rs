@@ -203,6 +203,13 @@ impl TestApp {
         (v["first_seq"].as_i64().expect("first_seq"), v["last_seq"].as_i64().expect("last_seq"))
     }
 
+    /// `GET path` as `key`, expecting 200 and a JSON body.
+    pub async fn get_json(&self, key: &str, path: &str) -> Value {
+        let r = self.http.get(format!("{}{path}", self.base)).bearer_auth(key).send().await.expect("send");
+        assert_eq!(r.status(), StatusCode::OK, "GET {path}");
+        r.json().await.expect("json")
+    }
+
     /// Every stored event of a run, via the HTTP read path.
     pub async fn events(&self, key: &str, run: &str) -> Vec<Value> {
         let mut out = vec![];

@@ -94,3 +94,13 @@ fn checked_in_sdl_matches_the_code() {
         "graphql/schema.graphql differs from the schema the code builds; regenerate it with\n  cargo run -q -- schema > graphql/schema.graphql"
     );
 }
+
+#[tokio::test]
+async fn graphiql_is_served_at_get_graphql() {
+    let t = TestApp::new().await;
+    let r = t.http.get(format!("{}/graphql", t.base)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+    let body = r.text().await.unwrap();
+    assert!(body.contains("graphiql") || body.contains("GraphiQL"), "{}", &body[..body.len().min(300)]);
+}

@@ -102,16 +102,7 @@ async fn graphql_and_rest_views_equal_the_reducers_fold() {
         assert_eq!(expected.anomalies, 0);
         let want = serde_json::to_value(&expected).unwrap();
 
-        let rest: Value = t
-            .http
-            .get(format!("{}/v1/runs/{run}/view", t.base))
-            .bearer_auth(&t.key_a)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let rest = t.get_json(&t.key_a, &format!("/v1/runs/{run}/view")).await;
         assert_eq!(rest, want, "seed {seed}: REST view");
 
         let q = format!("query($id: ID!) {{ run(id: $id) {{ lastSeq view {{ {VIEW_FIELDS} }} }} }}");
@@ -123,6 +114,11 @@ async fn graphql_and_rest_views_equal_the_reducers_fold() {
     }
 }
 
+/// Rows of `sql` (one `jsonb_build_array(...)` column, `$1` = run id) as JSON arrays.
+async fn sql_rows(c: &tokio_postgres::Client, sql: &str, run: &str) -> Vec<Value> {
+    c.query(sql, &[&run]).await.unwrap_or_else(|e| panic!("{sql}: {e:?}")).iter().map(|r| r.get(0)).collect()
+}
+
 #[tokio::test]
 async fn sql_views_agree_with_the_reducer() {
     let t = TestApp::new().await;
@@ -131,97 +127,68 @@ async fn sql_views_agree_with_the_reducer() {
         let run = store_generated(&t, seed, 80).await;
         let view = reducer_view(&t, &run).await;
 
-        let rows = owner
-            .query(
-                "SELECT message_id, child_id, role, status, text, reasoning, stop_reason, implicit, started_seq, ended_seq
-                 FROM messages WHERE run_id = $1 ORDER BY started_seq",
-                &[&run],
-            )
-            .await
-            .unwrap();
-        assert_eq!(rows.len(), view.messages.len(), "seed {seed}: message count");
-        for (r, m) in rows.iter().zip(&view.messages) {
-            let sql = json!([
-                r.get::<_, String>(0),
-                r.get::<_, Option<String>>(1),
-                r.get::<_, String>(2),
-                r.get::<_, String>(3),
-                r.get::<_, String>(4),
-                r.get::<_, String>(5),
-                r.get::<_, Option<String>>(6),
-                r.get::<_, bool>(7),
-                r.get::<_, i64>(8),
-                r.get::<_, Option<i64>>(9)
-            ]);
-            let ours = json!([
-                m.id,
-                m.child_id,
-                m.role,
-                m.status,
-                m.text,
-                m.reasoning,
-                m.stop_reason,
-                m.implicit,
-                m.started_seq,
-                m.ended_seq
-            ]);
-            assert_eq!(sql, ours, "seed {seed}: message");
-        }
-
-        let rows = owner
-            .query(
-                "SELECT call_id, child_id, tool, status, progress_count, duration_ms, message_id, started_seq, ended_seq
-                 FROM tool_calls WHERE run_id = $1 ORDER BY started_seq",
-                &[&run],
-            )
-            .await
-            .unwrap();
-        assert_eq!(rows.len(), view.tools.len(), "seed {seed}: tool count");
-        for (r, c) in rows.iter().zip(&view.tools) {
-            let sql = json!([
-                r.get::<_, String>(0),
-                r.get::<_, Option<String>>(1),
-                r.get::<_, String>(2),
-                r.get::<_, String>(3),
-                r.get::<_, i64>(4),
-                r.get::<_, Option<i64>>(5),
-                r.get::<_, Option<String>>(6),
-                r.get::<_, i64>(7),
-                r.get::<_, Option<i64>>(8)
-            ]);
-            let ours = json!([
-                c.call_id,
-                c.child_id,
-                c.tool,
-                c.status,
-                c.progress_count,
-                c.duration_ms,
-                c.message_id,
-                c.started_seq,
-                c.ended_seq
-            ]);
-            assert_eq!(sql, ours, "seed {seed}: tool call");
-        }
-
-        let rows = owner
-            .query(
-                "SELECT seq, child_id, from_state, to_state, reason FROM lifecycle_transitions WHERE run_id = $1 ORDER BY seq",
-                &[&run],
-            )
-            .await
-            .unwrap();
-        let sql: Vec<Value> = rows
+        let sql = sql_rows(
+            &owner,
+            "SELECT jsonb_build_array(message_id, child_id, role, status, text, reasoning, stop_reason, implicit,
+                                      started_seq, ended_seq)
+             FROM messages WHERE run_id = $1 ORDER BY started_seq",
+            &run,
+        )
+        .await;
+        let ours: Vec<Value> = view
+            .messages
             .iter()
-            .map(|r| {
+            .map(|m| {
                 json!([
-                    r.get::<_, i64>(0),
-                    r.get::<_, Option<String>>(1),
-                    r.get::<_, Option<String>>(2),
-                    r.get::<_, String>(3),
-                    r.get::<_, Option<String>>(4)
+                    m.id,
+                    m.child_id,
+                    m.role,
+                    m.status,
+                    m.text,
+                    m.reasoning,
+                    m.stop_reason,
+                    m.implicit,
+                    m.started_seq,
+                    m.ended_seq
                 ])
             })
             .collect();
+        assert_eq!(sql, ours, "seed {seed}: messages");
+
+        let sql = sql_rows(
+            &owner,
+            "SELECT jsonb_build_array(call_id, child_id, tool, status, progress_count, duration_ms, message_id,
+                                      started_seq, ended_seq)
+             FROM tool_calls WHERE run_id = $1 ORDER BY started_seq",
+            &run,
+        )
+        .await;
+        let ours: Vec<Value> = view
+            .tools
+            .iter()
+            .map(|c| {
+                json!([
+                    c.call_id,
+                    c.child_id,
+                    c.tool,
+                    c.status,
+                    c.progress_count,
+                    c.duration_ms,
+                    c.message_id,
+                    c.started_seq,
+                    c.ended_seq
+                ])
+            })
+            .collect();
+        assert_eq!(sql, ours, "seed {seed}: tool calls");
+
+        let sql = sql_rows(
+            &owner,
+            "SELECT jsonb_build_array(seq, child_id, from_state, to_state, reason)
+             FROM lifecycle_transitions WHERE run_id = $1 ORDER BY seq",
+            &run,
+        )
+        .await;
         let ours: Vec<Value> = view
             .lifecycle
             .transitions
@@ -230,20 +197,15 @@ async fn sql_views_agree_with_the_reducer() {
             .collect();
         assert_eq!(sql, ours, "seed {seed}: transitions");
 
-        let s = owner
-            .query_one("SELECT state, event_count, message_count, tool_call_count FROM run_summary WHERE run_id = $1", &[&run])
-            .await
-            .unwrap();
-        assert_eq!(
-            json!([
-                s.get::<_, Option<String>>(0),
-                s.get::<_, i64>(1),
-                s.get::<_, i64>(2),
-                s.get::<_, i64>(3)
-            ]),
-            json!([view.lifecycle.state, view.seq, view.messages.len(), view.tools.len()]),
-            "seed {seed}: summary"
-        );
+        let sql = sql_rows(
+            &owner,
+            "SELECT jsonb_build_array(state, event_count, message_count, tool_call_count)
+             FROM run_summary WHERE run_id = $1",
+            &run,
+        )
+        .await;
+        let ours = json!([view.lifecycle.state, view.seq, view.messages.len(), view.tools.len()]);
+        assert_eq!(sql, vec![ours], "seed {seed}: summary");
     }
 }
 
@@ -347,6 +309,21 @@ async fn runs_and_events_connections_filter_and_paginate() {
     assert_eq!(seen, newest_first, "all of tenant a's runs, newest first, none of b's");
     let v = t.graphql(Some(&t.key_a), q, json!({"state": "RUNNING"})).await;
     assert!(v["data"]["runs"]["edges"].is_array(), "{v}");
+    // Time filters: everything was created within the last minute, nothing in the future.
+    let tq = "query($after: DateTime, $before: DateTime) { runs(first: 100, createdAfter: $after, createdBefore: $before) { edges { node { id } } } }";
+    let now = chrono::Utc::now();
+    let recent = t
+        .graphql(Some(&t.key_a), tq, json!({"after": (now - chrono::Duration::minutes(1)).to_rfc3339()}))
+        .await;
+    assert_eq!(recent["data"]["runs"]["edges"].as_array().map(Vec::len), Some(5), "{recent}");
+    let none = t
+        .graphql(Some(&t.key_a), tq, json!({"after": (now + chrono::Duration::minutes(1)).to_rfc3339()}))
+        .await;
+    assert_eq!(none["data"]["runs"]["edges"].as_array().map(Vec::len), Some(0), "{none}");
+    let before = t
+        .graphql(Some(&t.key_a), tq, json!({"before": (now - chrono::Duration::minutes(1)).to_rfc3339()}))
+        .await;
+    assert_eq!(before["data"]["runs"]["edges"].as_array().map(Vec::len), Some(0), "{before}");
     let running: Vec<&str> = v["data"]["runs"]["edges"]
         .as_array()
         .unwrap()

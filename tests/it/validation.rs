@@ -283,16 +283,7 @@ async fn every_rule_has_a_code_and_a_rejected_batch_writes_nothing() {
         let msg = err["message"].as_str().unwrap_or_default();
         assert!(msg.len() > 10, "{}: the message should explain: {body}", case.name);
         assert_eq!(t.stored_count(&t.tenant_a, &run).await, before, "{}: nothing may be written", case.name);
-        let run_row: Value = t
-            .http
-            .get(format!("{}/v1/runs/{run}", t.base))
-            .bearer_auth(&t.key_a)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let run_row = t.get_json(&t.key_a, &format!("/v1/runs/{run}")).await;
         assert_eq!(run_row["last_seq"], json!(before), "{}: last_seq unchanged", case.name);
     }
 }

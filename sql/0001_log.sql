@@ -81,8 +81,10 @@ CREATE TABLE agent_run_events (
     -- rules are applied (a delta without message_id joins the current open message;
     -- tool.start refers to the message open in its scope). Lets SQL group by message.
     message_id       text,
-    PRIMARY KEY (tenant_id, run_id, seq),
-    FOREIGN KEY (tenant_id, run_id) REFERENCES runs (tenant_id, run_id)
+    PRIMARY KEY (tenant_id, run_id, seq)
+    -- No foreign key to runs: the append path inserts only while holding the run's row
+    -- lock, so an event cannot outlive or precede its run, and a per-row key check
+    -- doubled the cost of every 1,000-row insert (see BENCHMARKS.md, ingest).
 );
 CREATE UNIQUE INDEX agent_run_events_key
     ON agent_run_events (tenant_id, run_id, idempotency_key) WHERE idempotency_key IS NOT NULL;

@@ -112,9 +112,11 @@ impl App {
                 format!("`limit` must be between 1 and {MAX_PAGE}"),
             ));
         }
-        let run = runs::get_run(&self.db, &who.tenant_id, run_id).await?;
+        // One connection and transaction for both reads (the page may run past the
+        // row's last_seq if an append commits in between; callers page by seq anyway).
         let mut client = self.db.pool.get().await?;
         let tx = tenant_tx(&mut client, &who.tenant_id).await?;
+        let run = runs::get_run_in(&tx, &who.tenant_id, run_id).await?;
         let evs = events::read_after(&tx, &who.tenant_id, &run.run_id, after_seq, limit, filter).await?;
         tx.commit().await?;
         Ok((run, evs))

@@ -163,6 +163,12 @@ CREATE TABLE analyst_logins (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- Like every table with a tenant column, under RLS: the service role may see its own
+-- tenant's logins (it has no grant today); analysts read it only through the function.
+ALTER TABLE analyst_logins ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON analyst_logins TO agent_stream_service
+    USING (tenant_id = current_setting('agent_stream.tenant_id', true));
+
 CREATE FUNCTION analyst_tenant() RETURNS text
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path FROM CURRENT

@@ -48,26 +48,37 @@ pub fn default_data_dir() -> PathBuf {
     }
 }
 
-/// Finds the directory holding `initdb`, `pg_ctl` and `postgres`.
+/// Finds the directory holding `initdb`, `pg_ctl` and `postgres`: on PATH, else in the
+/// usual install locations.
 pub fn find_bin_dir() -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let extra = ["/usr/local/pgsql/bin", "/opt/homebrew/bin", "/usr/local/opt/postgresql/bin"].map(Path::new);
+    find_bin_dir_in(&path, Path::new("/usr/lib/postgresql"), &extra)
+}
+
+/// [`find_bin_dir`] with every place it looks given (for tests).
+pub fn find_bin_dir_in(
+    path: &std::ffi::OsStr,
+    debian_root: &Path,
+    extra: &[&Path],
+) -> anyhow::Result<PathBuf> {
     let has_all = |d: &Path| ["initdb", "pg_ctl", "postgres"].iter().all(|b| d.join(b).is_file());
-    if let Some(path) = std::env::var_os("PATH") {
-        for dir in std::env::split_paths(&path) {
-            let initdb = dir.join("initdb");
-            if initdb.is_file() {
-                // Follow symlinks (e.g. /usr/local/bin/initdb -> /usr/lib/postgresql/15/bin)
-                // so pg_ctl and postgres come from the same installation.
-                let real = std::fs::canonicalize(&initdb).unwrap_or(initdb);
-                if let Some(d) = real.parent().filter(|d| has_all(d)) {
-                    return Ok(d.to_path_buf());
-                }
-                if has_all(&dir) {
-                    return Ok(dir);
-                }
+    for dir in std::env::split_paths(path) {
+        let initdb = dir.join("initdb");
+        if initdb.is_file() {
+            // Follow symlinks (e.g. /usr/local/bin/initdb -> /usr/lib/postgresql/15/bin)
+            // so pg_ctl and postgres come from the same installation.
+            let real = std::fs::canonicalize(&initdb).unwrap_or(initdb);
+            if let Some(d) = real.parent().filter(|d| has_all(d)) {
+                return Ok(d.to_path_buf());
+            }
+            if has_all(&dir) {
+                return Ok(dir);
             }
         }
     }
-    let mut candidates: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+    // Debian installs one directory per major version; prefer the newest.
+    let mut candidates: Vec<(u32, PathBuf)> = std::fs::read_dir(debian_root)
         .into_iter()
         .flatten()
         .flatten()
@@ -77,8 +88,8 @@ pub fn find_bin_dir() -> anyhow::Result<PathBuf> {
         })
         .collect();
     candidates.sort();
-    for extra in ["/usr/local/pgsql/bin", "/opt/homebrew/bin", "/usr/local/opt/postgresql/bin"] {
-        candidates.insert(0, (0, PathBuf::from(extra)));
+    for dir in extra {
+        candidates.insert(0, (0, dir.to_path_buf()));
     }
     candidates.into_iter().rev().map(|(_, d)| d).find(|d| has_all(d)).ok_or_else(|| anyhow!(INSTALL_HINT))
 }
@@ -251,5 +262,33 @@ impl Embedded {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_binaries_the_error_says_what_to_install() {
+        let empty = std::env::temp_dir().join(format!("agent-stream-no-pg-{}", std::process::id()));
+        std::fs::create_dir_all(&empty).unwrap();
+        let r = find_bin_dir_in(empty.as_os_str(), &empty.join("missing"), &[]);
+        let _ = std::fs::remove_dir_all(&empty);
+        let msg = r.expect_err("nothing to find").to_string();
+        assert!(msg.contains("apt-get install postgresql"), "{msg}");
+        assert!(msg.contains("DATABASE_URL"), "{msg}");
+    }
+
+    #[test]
+    fn binaries_are_found_through_a_symlink_on_path() {
+        let Ok(real) = find_bin_dir() else { return };
+        let dir = std::env::temp_dir().join(format!("agent-stream-pg-link-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let _ = std::fs::remove_file(dir.join("initdb"));
+        std::os::unix::fs::symlink(real.join("initdb"), dir.join("initdb")).unwrap();
+        let found = find_bin_dir_in(dir.as_os_str(), Path::new("/nonexistent"), &[]);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(found.unwrap(), std::fs::canonicalize(&real).unwrap());
     }
 }

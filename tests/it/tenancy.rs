@@ -119,3 +119,29 @@ async fn every_key_of_the_log_carries_the_distribution_column() {
         .get(0);
     assert_eq!(seqs, 0, "no sequences: ids and seqs are assigned by the service");
 }
+
+#[tokio::test]
+async fn every_table_with_a_tenant_column_has_row_level_security() {
+    let t = TestApp::new().await;
+    let c = t.db.owner().await;
+    let rows = c
+        .query(
+            "SELECT cl.relname::text, cl.relrowsecurity,
+                    (SELECT count(*) FROM pg_policy p WHERE p.polrelid = cl.oid)
+             FROM pg_class cl
+             JOIN pg_namespace n ON n.oid = cl.relnamespace
+             JOIN pg_attribute a ON a.attrelid = cl.oid AND a.attname = 'tenant_id' AND NOT a.attisdropped
+             WHERE n.nspname = $1 AND cl.relkind = 'r'",
+            &[&t.db.schema],
+        )
+        .await
+        .unwrap();
+    let names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    for table in ["tenants", "api_keys", "runs", "agent_run_events", "analyst_logins"] {
+        assert!(names.iter().any(|n| n == table), "{table} has a tenant column: {names:?}");
+    }
+    for r in rows {
+        let (name, rls, policies): (String, bool, i64) = (r.get(0), r.get(1), r.get(2));
+        assert!(rls && policies > 0, "{name}: RLS {rls}, {policies} policies");
+    }
+}

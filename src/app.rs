@@ -41,6 +41,8 @@ pub struct App {
     pub guards: Guards,
     /// Folded views.
     pub views: ViewCache,
+    /// Live fan-out and cross-process notifications.
+    pub live: crate::live::Live,
     /// Key lookups.
     pub auth: Authenticator,
     /// Limits and options.
@@ -53,7 +55,9 @@ pub type AppRef = Arc<App>;
 impl App {
     /// Wraps a pool and settings.
     pub fn new(db: Db, settings: Settings) -> AppRef {
+        let live = crate::live::Live::start(db.url.clone(), db.schema.clone());
         Arc::new(App {
+            live,
             db,
             guards: Guards::default(),
             views: ViewCache::default(),
@@ -84,7 +88,17 @@ impl App {
     /// Appends a producer's batch.
     pub async fn append(&self, who: &Principal, run_id: &str, batch: &Batch) -> Result<AppendOutcome> {
         who.require(Scope::Write)?;
-        storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer).await
+        let out =
+            storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer).await?;
+        self.committed(who, run_id, &out);
+        Ok(out)
+    }
+
+    /// Tells live subscribers (here and in other processes) about a write.
+    fn committed(&self, who: &Principal, run_id: &str, out: &AppendOutcome) {
+        if let (false, Ok(run_id)) = (out.replayed, runs::parse_run_id(run_id)) {
+            self.live.committed(&who.tenant_id, &run_id, out.last_seq);
+        }
     }
 
     /// A run's row.
@@ -138,10 +152,12 @@ impl App {
     pub async fn control(&self, who: &Principal, run_id: &str, action: Control) -> Result<AppendOutcome> {
         who.require(Scope::Write)?;
         let key_id = who.key_id.clone();
-        storage::append::append_control(&self.db, &self.guards, &who.tenant_id, run_id, move |g| {
+        let out = storage::append::append_control(&self.db, &self.guards, &who.tenant_id, run_id, move |g| {
             action.events(g, &key_id)
         })
-        .await
+        .await?;
+        self.committed(who, run_id, &out);
+        Ok(out)
     }
 }
 

@@ -28,6 +28,7 @@ pub mod domain;
 pub mod error;
 pub mod graphql;
 pub mod http;
+pub mod live;
 pub mod projection;
 pub mod server;
 pub mod storage;

@@ -3,6 +3,7 @@
 pub mod error;
 pub mod extract;
 mod runs;
+mod stream;
 
 use std::time::Duration;
 
@@ -28,6 +29,7 @@ pub fn router(app: AppRef) -> Router {
         .route("/v1/runs/{run_id}", get(runs::get))
         .route("/v1/runs/{run_id}/events", post(runs::append).get(runs::list))
         .route("/v1/runs/{run_id}/view", get(runs::view))
+        .route("/v1/runs/{run_id}/stream", get(stream::stream))
         .merge(crate::graphql::routes())
         .fallback(|| async { Error::reject(ErrorCode::NotFound, "no such route; see the README for the API") })
         .with_state(app)

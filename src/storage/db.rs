@@ -40,6 +40,8 @@ pub struct Db {
     pub pool: Pool,
     /// The schema in use.
     pub schema: String,
+    /// The owner's connection string (for the live listener and notifier).
+    pub url: String,
 }
 
 fn pg_config(url: &str) -> Result<tokio_postgres::Config> {
@@ -77,7 +79,7 @@ impl Db {
             }))
             .build()
             .map_err(|e| Error::Internal(anyhow::anyhow!("building the pool: {e}")))?;
-        Ok(Db { pool, schema: cfg.schema.clone() })
+        Ok(Db { pool, schema: cfg.schema.clone(), url: cfg.url.clone() })
     }
 
     /// Gets a connection and runs a trivial query.

@@ -168,6 +168,23 @@ impl TestApp {
         }
     }
 
+    /// A second service instance on the same schema (its own pool, hub and listener),
+    /// as another `agent-stream serve` process would be. Returns its base URL.
+    pub async fn second_instance(&self) -> String {
+        let pool = Db::new(&DbConfig {
+            url: self.db.url.clone(),
+            schema: self.db.schema.clone(),
+            max_connections: 8,
+        })
+        .expect("pool");
+        let app = App::new(pool, self.app.settings.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let router = agent_stream::http::router(app);
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        base
+    }
+
     /// Issues another key for tenant `a` with `scopes`.
     pub async fn key_for_a(&self, scopes: &[Scope]) -> tenants::IssuedKey {
         let mut owner = self.db.owner().await;

@@ -1,0 +1,84 @@
+//! In-memory fan-out: one watch channel per run that has subscribers, holding the
+//! newest seq known to be committed. A wake-up carries no data: subscribers read rows
+//! with `seq > cursor` through the same read path as catch-up, so switching from
+//! history to live can neither skip nor repeat an event.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use tokio::sync::watch;
+
+type RunKey = (String, String);
+
+/// Runs with live subscribers, and the newest seq each is known to have.
+#[derive(Default)]
+pub struct Hub {
+    runs: Mutex<HashMap<RunKey, watch::Sender<i64>>>,
+}
+
+impl Hub {
+    /// A receiver that changes whenever the run's newest seq moves (or on a forced
+    /// re-read after the listener reconnects).
+    pub fn subscribe(&self, tenant: &str, run_id: &str) -> watch::Receiver<i64> {
+        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        runs.entry((tenant.to_owned(), run_id.to_owned())).or_insert_with(|| watch::channel(0).0).subscribe()
+    }
+
+    /// Records that `seq` is committed for the run; wakes its subscribers if it is new.
+    pub fn publish(&self, tenant: &str, run_id: &str, seq: i64) {
+        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (tenant.to_owned(), run_id.to_owned());
+        if let Some(tx) = runs.get(&key) {
+            if tx.receiver_count() == 0 {
+                runs.remove(&key);
+                return;
+            }
+            tx.send_if_modified(|v| {
+                let newer = seq > *v;
+                if newer {
+                    *v = seq;
+                }
+                newer
+            });
+        }
+    }
+
+    /// Wakes every subscriber to re-read its cursor: after the listener reconnects,
+    /// notifications sent while it was away are lost, the rows are not.
+    pub fn wake_all(&self) {
+        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        runs.retain(|_, tx| tx.receiver_count() > 0);
+        for tx in runs.values() {
+            tx.send_modify(|_| {});
+        }
+    }
+
+    /// Runs with subscribers and the seq each was last told about (for the safety poll).
+    pub fn active(&self) -> Vec<(String, String, i64)> {
+        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        runs.retain(|_, tx| tx.receiver_count() > 0);
+        runs.iter().map(|((t, r), tx)| (t.clone(), r.clone(), *tx.borrow())).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn publish_wakes_only_on_a_newer_seq() {
+        let hub = Hub::default();
+        let mut rx = hub.subscribe("t", "r");
+        hub.publish("t", "r", 3);
+        rx.changed().await.unwrap();
+        assert_eq!(*rx.borrow_and_update(), 3);
+        hub.publish("t", "r", 2);
+        assert!(!rx.has_changed().unwrap(), "an older seq is no news");
+        hub.wake_all();
+        assert!(rx.has_changed().unwrap(), "a forced re-read wakes everyone");
+        hub.publish("t", "other", 9);
+        assert_eq!(hub.active(), vec![("t".to_owned(), "r".to_owned(), 3)]);
+        drop(rx);
+        assert!(hub.active().is_empty(), "runs without subscribers are forgotten");
+    }
+}

@@ -1,0 +1,176 @@
+//! Live delivery over SSE: catch-up then live on one read path, resume after
+//! Last-Event-ID, 204 for a finished run, and appends seen across instances.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::common::TestApp;
+
+/// One parsed SSE frame.
+#[derive(Debug)]
+struct Frame {
+    id: Option<i64>,
+    event: Option<String>,
+    data: Value,
+}
+
+/// Reads frames off a streaming response; `None` at the end of the stream.
+struct SseReader {
+    body: futures::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    buf: String,
+}
+
+impl SseReader {
+    fn new(r: reqwest::Response) -> Self {
+        SseReader { body: r.bytes_stream().boxed(), buf: String::new() }
+    }
+
+    async fn next(&mut self) -> Option<Frame> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let (mut id, mut event, mut data) = (None, None, String::new());
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id:") {
+                        id = v.trim().parse().ok();
+                    } else if let Some(v) = line.strip_prefix("event:") {
+                        event = Some(v.trim().to_owned());
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.trim_start());
+                    }
+                }
+                if data.is_empty() {
+                    continue; // a comment (keep-alive) or a bare retry hint
+                }
+                return Some(Frame { id, event, data: serde_json::from_str(&data).expect("json data") });
+            }
+            let chunk =
+                tokio::time::timeout_at(deadline, self.body.next()).await.expect("no frame within 15 s")?;
+            self.buf.push_str(std::str::from_utf8(&chunk.expect("body chunk")).expect("utf-8"));
+        }
+    }
+}
+
+async fn open(
+    t: &TestApp,
+    base: &str,
+    run: &str,
+    last_event_id: Option<i64>,
+    query: &str,
+) -> reqwest::Response {
+    let mut req = t.http.get(format!("{base}/v1/runs/{run}/stream{query}")).bearer_auth(&t.key_a);
+    if let Some(id) = last_event_id {
+        req = req.header("Last-Event-ID", id.to_string());
+    }
+    req.send().await.expect("send")
+}
+
+fn delta(text: &str) -> Value {
+    json!({"type": "text.delta", "payload": {"text": text}})
+}
+
+#[tokio::test]
+async fn catch_up_then_live_then_close_after_the_terminal_event() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(
+        &t.key_a,
+        &run,
+        json!([{"type": "run.lifecycle", "payload": {"state": "running"}}, delta("a")]),
+    )
+    .await;
+    let r = open(&t, &t.base, &run, None, "").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let mut sse = SseReader::new(r);
+    for want in 1..=2 {
+        let f = sse.next().await.expect("history");
+        assert_eq!(f.id, Some(want));
+        assert_eq!(f.data["seq"], json!(want));
+    }
+    // Live: appended after the stream caught up.
+    t.append_ok(&t.key_a, &run, json!([delta("b"), delta("c")])).await;
+    let f = sse.next().await.expect("live 3");
+    assert_eq!(
+        (f.id, f.event.as_deref(), f.data["payload"]["text"].as_str()),
+        (Some(3), Some("text.delta"), Some("b"))
+    );
+    assert_eq!(sse.next().await.expect("live 4").id, Some(4));
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "done"}}])).await;
+    let f = sse.next().await.expect("terminal");
+    assert_eq!((f.id, f.data["payload"]["state"].as_str()), (Some(5), Some("done")));
+    assert!(sse.next().await.is_none(), "the stream closes after the terminal lifecycle event");
+}
+
+#[tokio::test]
+async fn last_event_id_resumes_exactly_after_it_and_a_finished_run_answers_204() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    let mut batch = vec![json!({"type": "run.lifecycle", "payload": {"state": "running"}})];
+    batch.extend((0..8).map(|i| delta(&i.to_string())));
+    batch.push(json!({"type": "run.lifecycle", "payload": {"state": "done"}}));
+    t.append_ok(&t.key_a, &run, Value::Array(batch)).await;
+
+    // The header wins over the query string (EventSource keeps its original URL).
+    let mut sse = SseReader::new(open(&t, &t.base, &run, Some(4), "?after_seq=1").await);
+    let mut ids = vec![];
+    while let Some(f) = sse.next().await {
+        ids.push(f.id.expect("id"));
+    }
+    assert_eq!(ids, (5..=10).collect::<Vec<_>>(), "exactly the events after 4, each once");
+
+    let mut sse = SseReader::new(open(&t, &t.base, &run, None, "?after_seq=8").await);
+    assert_eq!(sse.next().await.and_then(|f| f.id), Some(9));
+
+    let r = open(&t, &t.base, &run, Some(10), "").await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT, "nothing left: EventSource stops");
+    let r = open(&t, &t.base, &run, None, "?after_seq=-1").await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let r =
+        t.http.get(format!("{}/v1/runs/{run}/stream", t.base)).bearer_auth(&t.key_b).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND, "another tenant's run");
+    // Browsers pass the key in the query string.
+    let r = t
+        .http
+        .get(format!("{}/v1/runs/{run}/stream?after_seq=9&access_token={}", t.base, t.key_a))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_subscriber_on_another_instance_sees_appends_with_nothing_lost_or_repeated() {
+    let t = TestApp::new().await;
+    let other = t.second_instance().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    let mut sse = SseReader::new(open(&t, &other, &run, None, "").await);
+    assert_eq!(sse.next().await.and_then(|f| f.id), Some(1));
+    // Appends through the first instance, in several batches, while the second streams.
+    let mut sent = 1;
+    for b in 0..10 {
+        let batch: Vec<Value> = (0..5).map(|i| delta(&format!("{b}-{i}"))).collect();
+        t.append_ok(&t.key_a, &run, Value::Array(batch)).await;
+        sent += 5;
+    }
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "done"}}])).await;
+    sent += 1;
+    let mut received = vec![1];
+    while let Some(f) = sse.next().await {
+        received.push(f.id.expect("id"));
+    }
+    let expected: Vec<i64> = (1..=sent).collect();
+    let lost = expected.iter().filter(|s| !received.contains(s)).count();
+    let repeated = received.len() - {
+        let mut d = received.clone();
+        d.dedup();
+        d.len()
+    };
+    assert_eq!((lost, repeated), (0, 0), "appended {sent}, received {}", received.len());
+    assert_eq!(received, expected);
+}

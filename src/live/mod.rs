@@ -38,6 +38,11 @@ pub struct Live {
     outbox: mpsc::Sender<(String, String, i64)>,
 }
 
+/// `application_name` of the LISTEN connection (PostgreSQL keeps 63 bytes of it).
+pub fn listener_name(schema: &str) -> String {
+    format!("agent-stream listen {schema}")
+}
+
 /// The channel all processes on one schema share.
 pub fn channel(schema: &str) -> String {
     format!("agent_stream_{schema}")
@@ -112,7 +117,9 @@ async fn listener(url: String, schema: String, hub: std::sync::Arc<Hub>) {
 /// One LISTEN session: returns when the connection ends.
 async fn listen_once(url: &str, schema: &str, hub: &Hub) -> anyhow::Result<()> {
     use futures::StreamExt;
-    let cfg: tokio_postgres::Config = url.parse()?;
+    let mut cfg: tokio_postgres::Config = url.parse()?;
+    // Named so operators (and the fault tests) can find this process's listener.
+    cfg.application_name(listener_name(schema));
     let (client, mut conn) = cfg.connect(tokio_postgres::NoTls).await?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let driver = tokio::spawn(async move {

@@ -174,3 +174,51 @@ async fn a_subscriber_on_another_instance_sees_appends_with_nothing_lost_or_repe
     assert_eq!((lost, repeated), (0, 0), "appended {sent}, received {}", received.len());
     assert_eq!(received, expected);
 }
+
+/// The listener connection killed mid-stream: it reconnects, every subscriber re-reads
+/// its cursor, and the count of events appended equals the count received.
+#[tokio::test]
+async fn killing_the_listener_mid_stream_loses_and_repeats_nothing() {
+    let t = TestApp::new().await;
+    let other = t.second_instance().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    let mut sse = SseReader::new(open(&t, &other, &run, None, "").await);
+    assert_eq!(sse.next().await.and_then(|f| f.id), Some(1));
+    let owner = t.db.owner().await;
+    let name = agent_stream::live::listener_name(&t.db.schema);
+    let mut sent = 1i64;
+    let mut received = vec![1i64];
+    for round in 0..4 {
+        // Both instances listen on this schema; kill every listener of it.
+        let killed: i64 = owner
+            .query_one(
+                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                  WHERE application_name = left($1, 63)) k",
+                &[&name],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(round > 0 || killed >= 1, "found no listener to kill");
+        for i in 0..5 {
+            t.append_ok(&t.key_a, &run, json!([delta(&format!("{round}-{i}"))])).await;
+            sent += 1;
+        }
+        for _ in 0..5 {
+            received.push(sse.next().await.and_then(|f| f.id).expect("event after the listener died"));
+        }
+    }
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "done"}}])).await;
+    sent += 1;
+    while let Some(f) = sse.next().await {
+        received.push(f.id.expect("id"));
+    }
+    let expected: Vec<i64> = (1..=sent).collect();
+    let lost = expected.iter().filter(|s| !received.contains(s)).count();
+    let mut dedup = received.clone();
+    dedup.dedup();
+    let repeated = received.len() - dedup.len();
+    assert_eq!((sent, lost, repeated), (sent, 0, 0), "appended {sent}, received {}", received.len());
+    assert_eq!(received, expected);
+}

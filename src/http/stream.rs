@@ -70,12 +70,14 @@ pub(crate) async fn stream(
 ) -> Result<Response> {
     let cursor = resume_point(&headers, p.after_seq)?;
     let run = app.run(&who, &run_id).await?;
-    // Subscribe before the first read: a commit after this point wakes us.
-    let wake = app.live.hub.subscribe(&who.tenant_id, &run.run_id);
     if run.state.is_some_and(|s| s.is_terminal()) && run.last_seq <= cursor {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
-    let state = Tail { app, who, run_id: run.run_id, cursor, wake, done: false, first: true };
+    // Join the run's shared feed before catching up: a page read after this point
+    // reaches us, and the catch-up covers everything before it.
+    let pages = app.live.join(&app.db, &who.tenant_id, &run.run_id, cursor);
+    let state =
+        Tail { app, who, run_id: run.run_id, cursor, pages, catching_up: true, done: false, first: true };
     Ok(Sse::new(events(state))
         .keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"))
         .into_response())
@@ -86,7 +88,9 @@ struct Tail {
     who: Principal,
     run_id: String,
     cursor: i64,
-    wake: tokio::sync::watch::Receiver<i64>,
+    pages: tokio::sync::broadcast::Receiver<crate::live::Page>,
+    /// Reading on our own (after joining, after a gap, after lagging) until caught up.
+    catching_up: bool,
     done: bool,
     first: bool,
 }
@@ -100,44 +104,61 @@ fn events(state: Tail) -> impl Stream<Item = std::result::Result<SseEvent, Infal
         if t.done {
             return None;
         }
-        loop {
-            let page = t.app.events(&t.who, &t.run_id, t.cursor, PAGE, &Filter::default()).await;
-            let evs = match page {
-                Ok((_, evs)) => evs,
+        let evs = next_events(&mut t).await?;
+        let mut out = Vec::with_capacity(evs.len());
+        let from = t.cursor;
+        for e in evs.iter().filter(|e| e.seq > from) {
+            let mut sse = SseEvent::default().id(e.seq.to_string()).event(e.body.type_name());
+            if t.first {
+                sse = sse.retry(RETRY);
+                t.first = false;
+            }
+            match sse.json_data(e) {
+                Ok(s) => out.push(Ok(s)),
+                Err(err) => tracing::error!(error = %err, "encoding an event"),
+            }
+            t.cursor = e.seq;
+            if is_run_end(e) {
+                t.done = true;
+                break;
+            }
+        }
+        Some((futures::stream::iter(out), t))
+    })
+    .flatten()
+}
+
+/// The next events after the cursor: our own reads while catching up, then the shared
+/// feed's pages. `None` ends the stream (the client resumes with Last-Event-ID).
+async fn next_events(t: &mut Tail) -> Option<Vec<Event>> {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        if t.catching_up {
+            t.app.live.feeds.count_read();
+            match t.app.events(&t.who, &t.run_id, t.cursor, PAGE, &Filter::default()).await {
+                Ok((_, evs)) if evs.is_empty() => t.catching_up = false,
+                Ok((_, evs)) => return Some(evs),
                 Err(e) => {
-                    // The client reconnects with Last-Event-ID and loses nothing.
                     tracing::warn!(error = %e, run = %t.run_id, "stream read failed; closing");
                     return None;
                 }
-            };
-            if !evs.is_empty() {
-                let mut out = Vec::with_capacity(evs.len());
-                for e in &evs {
-                    let mut sse = SseEvent::default().id(e.seq.to_string()).event(e.body.type_name());
-                    if t.first {
-                        sse = sse.retry(RETRY);
-                        t.first = false;
-                    }
-                    match sse.json_data(e) {
-                        Ok(s) => out.push(Ok(s)),
-                        Err(err) => tracing::error!(error = %err, "encoding an event"),
-                    }
-                    t.cursor = e.seq;
-                    if is_run_end(e) {
-                        t.done = true;
-                        break;
-                    }
-                }
-                return Some((futures::stream::iter(out), t));
-            }
-            // Caught up: wait for a commit, re-reading now and then in case a wake-up
-            // was lost.
-            if let Ok(Err(_)) = tokio::time::timeout(REREAD, t.wake.changed()).await {
-                // The hub dropped the channel (cannot happen while we hold a receiver,
-                // but never spin): fall back to polling.
-                tokio::time::sleep(REREAD).await;
             }
         }
-    })
-    .flatten()
+        match tokio::time::timeout(REREAD, t.pages.recv()).await {
+            Ok(Ok(page)) => match page.first() {
+                // A page that starts beyond our cursor: we joined between two reads.
+                Some(first) if first.seq > t.cursor + 1 => t.catching_up = true,
+                _ if page.last().is_some_and(|e| e.seq > t.cursor) => return Some(page.to_vec()),
+                _ => {}
+            },
+            // Fell behind the feed's buffer: read on our own, then rejoin the flow.
+            Ok(Err(RecvError::Lagged(_))) => t.catching_up = true,
+            Ok(Err(RecvError::Closed)) => {
+                t.pages = t.app.live.join(&t.app.db, &t.who.tenant_id, &t.run_id, t.cursor);
+                t.catching_up = true;
+            }
+            // Quiet for a while: check the rows anyway (cheap, and covers a lost wake-up).
+            Err(_) => t.catching_up = true,
+        }
+    }
 }

@@ -14,8 +14,10 @@
 //!
 //! Notifications are never the data, only the reason to read rows with `seq > cursor`.
 
+mod feed;
 mod hub;
 
+pub use feed::{Feeds, Page};
 pub use hub::Hub;
 
 use std::time::Duration;
@@ -35,6 +37,8 @@ const MAX_PAYLOAD: usize = 7_000;
 pub struct Live {
     /// In-memory fan-out.
     pub hub: std::sync::Arc<Hub>,
+    /// Shared per-run reads.
+    pub feeds: std::sync::Arc<Feeds>,
     outbox: mpsc::Sender<(String, String, i64)>,
 }
 
@@ -57,7 +61,18 @@ impl Live {
         tokio::spawn(notifier(url.clone(), schema.clone(), rx));
         tokio::spawn(listener(url.clone(), schema.clone(), hub.clone()));
         tokio::spawn(safety_poll(url, schema, hub.clone()));
-        Live { hub, outbox }
+        Live { hub, feeds: Default::default(), outbox }
+    }
+
+    /// Joins a run's shared feed (see [`Feeds::join`]).
+    pub fn join(
+        &self,
+        db: &crate::storage::Db,
+        tenant: &str,
+        run_id: &str,
+        from: i64,
+    ) -> tokio::sync::broadcast::Receiver<Page> {
+        self.feeds.join(db, &self.hub, tenant, run_id, from)
     }
 
     /// An append committed: wake local subscribers now, tell other processes soon.

@@ -222,3 +222,34 @@ async fn killing_the_listener_mid_stream_loses_and_repeats_nothing() {
     assert_eq!((sent, lost, repeated), (sent, 0, 0), "appended {sent}, received {}", received.len());
     assert_eq!(received, expected);
 }
+
+/// Many subscribers of one run share one read per wake-up: the SELECTs per append do not
+/// grow with the number of subscribers.
+#[tokio::test]
+async fn subscribers_of_one_run_share_reads() {
+    const SUBSCRIBERS: usize = 20;
+    const APPENDS: i64 = 10;
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    let mut readers = vec![];
+    for _ in 0..SUBSCRIBERS {
+        let mut sse = SseReader::new(open(&t, &t.base, &run, None, "").await);
+        assert_eq!(sse.next().await.and_then(|f| f.id), Some(1), "caught up");
+        readers.push(sse);
+    }
+    let before = t.app.live.feeds.reads();
+    for i in 0..APPENDS {
+        t.append_ok(&t.key_a, &run, json!([delta(&i.to_string())])).await;
+        // Every subscriber gets the event before the next append.
+        for sse in readers.iter_mut() {
+            assert_eq!(sse.next().await.and_then(|f| f.id), Some(i + 2));
+        }
+    }
+    let reads = t.app.live.feeds.reads() - before;
+    eprintln!("reads for {APPENDS} appends x {SUBSCRIBERS} subscribers: {reads}");
+    assert!(
+        reads <= APPENDS as u64 + 2,
+        "{reads} reads for {APPENDS} appends with {SUBSCRIBERS} subscribers: reads must not grow with subscribers"
+    );
+}

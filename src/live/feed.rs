@@ -1,0 +1,120 @@
+//! Shared reads: one task per watched run reads each wake-up's new rows once and hands
+//! the page to every subscriber (Hasura-style multiplexing), so database load follows
+//! the number of appends, not the number of subscribers.
+//!
+//! A subscriber joins the feed first, catches up on its own through the read path, and
+//! then takes pages from the feed, keeping only events after its own cursor. When a
+//! page starts beyond its cursor (it joined between two reads) or it fell behind the
+//! feed's buffer, it reads the gap itself: the cursor, not the feed, decides what is
+//! next, so nothing is skipped or repeated.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::broadcast;
+
+use super::Hub;
+use crate::domain::Event;
+use crate::storage::db::tenant_tx;
+use crate::storage::events::{read_after, Filter};
+use crate::storage::Db;
+
+/// A page of consecutive events, shared by all subscribers of a run.
+pub type Page = Arc<Vec<Event>>;
+
+/// Events one feed read returns at most.
+const FEED_PAGE: i64 = 1000;
+/// Pages a slow subscriber may lag before it reads for itself.
+const FEED_BUFFER: usize = 256;
+
+/// Per-run feeds and the read counter.
+#[derive(Default)]
+pub struct Feeds {
+    feeds: Mutex<HashMap<(String, String), broadcast::Sender<Page>>>,
+    reads: AtomicU64,
+}
+
+impl Feeds {
+    /// SELECTs of events made so far for live delivery (feeds plus subscribers' own
+    /// catch-up reads): the metric that must not grow with the number of subscribers.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_read(&self) {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Joins the run's feed, starting it if this is its first subscriber. `from` is
+    /// where a new feed starts reading (the joiner's cursor; others read their gaps).
+    pub fn join(
+        self: &Arc<Self>,
+        db: &Db,
+        hub: &Arc<Hub>,
+        tenant: &str,
+        run_id: &str,
+        from: i64,
+    ) -> broadcast::Receiver<Page> {
+        let mut feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (tenant.to_owned(), run_id.to_owned());
+        if let Some(tx) = feeds.get(&key).filter(|tx| tx.receiver_count() > 0) {
+            return tx.subscribe();
+        }
+        let (tx, rx) = broadcast::channel(FEED_BUFFER);
+        feeds.insert(key.clone(), tx.clone());
+        let wake = hub.subscribe(tenant, run_id);
+        tokio::spawn(run_feed(self.clone(), db.clone(), key, from, wake, tx));
+        rx
+    }
+}
+
+async fn run_feed(
+    feeds: Arc<Feeds>,
+    db: Db,
+    key: (String, String),
+    mut cursor: i64,
+    mut wake: tokio::sync::watch::Receiver<i64>,
+    tx: broadcast::Sender<Page>,
+) {
+    let (tenant, run_id) = &key;
+    loop {
+        if tx.receiver_count() == 0 {
+            break;
+        }
+        // Read everything committed after the cursor, in pages.
+        loop {
+            let page = async {
+                let mut client = db.pool.get().await?;
+                let t = tenant_tx(&mut client, tenant).await?;
+                let evs = read_after(&t, tenant, run_id, cursor, FEED_PAGE, &Filter::default()).await?;
+                t.commit().await?;
+                Ok::<_, crate::error::Error>(evs)
+            }
+            .await;
+            feeds.count_read();
+            match page {
+                Ok(evs) if evs.is_empty() => break,
+                Ok(evs) => {
+                    cursor = evs.last().map_or(cursor, |e| e.seq);
+                    let full = evs.len() as i64 == FEED_PAGE;
+                    let _ = tx.send(Arc::new(evs));
+                    if !full {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, run = %run_id, "feed read failed; retrying on the next wake-up");
+                    break;
+                }
+            }
+        }
+        if tokio::time::timeout(super::SAFETY_POLL * 2, wake.changed()).await.is_ok_and(|r| r.is_err()) {
+            break;
+        }
+    }
+    let mut all = feeds.feeds.lock().unwrap_or_else(|p| p.into_inner());
+    if all.get(&key).is_some_and(|t| t.same_channel(&tx)) {
+        all.remove(&key);
+    }
+}

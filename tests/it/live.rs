@@ -69,6 +69,19 @@ async fn open(
     req.send().await.expect("send")
 }
 
+/// The fault tests' closing count: seqs 1..=sent each received once, in order.
+fn assert_exactly_once(sent: i64, received: &[i64]) {
+    let expected: Vec<i64> = (1..=sent).collect();
+    let lost = expected.iter().filter(|s| !received.contains(s)).count();
+    let mut distinct = received.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let repeated = received.len() - distinct.len();
+    eprintln!("appended {sent}, received {}, lost {lost}, repeated {repeated}", received.len());
+    assert_eq!((lost, repeated), (0, 0));
+    assert_eq!(received, expected.as_slice(), "in seq order");
+}
+
 fn delta(text: &str) -> Value {
     json!({"type": "text.delta", "payload": {"text": text}})
 }
@@ -164,15 +177,7 @@ async fn a_subscriber_on_another_instance_sees_appends_with_nothing_lost_or_repe
     while let Some(f) = sse.next().await {
         received.push(f.id.expect("id"));
     }
-    let expected: Vec<i64> = (1..=sent).collect();
-    let lost = expected.iter().filter(|s| !received.contains(s)).count();
-    let repeated = received.len() - {
-        let mut d = received.clone();
-        d.dedup();
-        d.len()
-    };
-    assert_eq!((lost, repeated), (0, 0), "appended {sent}, received {}", received.len());
-    assert_eq!(received, expected);
+    assert_exactly_once(sent, &received);
 }
 
 /// The listener connection killed mid-stream: it reconnects, every subscriber re-reads
@@ -214,13 +219,7 @@ async fn killing_the_listener_mid_stream_loses_and_repeats_nothing() {
     while let Some(f) = sse.next().await {
         received.push(f.id.expect("id"));
     }
-    let expected: Vec<i64> = (1..=sent).collect();
-    let lost = expected.iter().filter(|s| !received.contains(s)).count();
-    let mut dedup = received.clone();
-    dedup.dedup();
-    let repeated = received.len() - dedup.len();
-    assert_eq!((sent, lost, repeated), (sent, 0, 0), "appended {sent}, received {}", received.len());
-    assert_eq!(received, expected);
+    assert_exactly_once(sent, &received);
 }
 
 /// Many subscribers of one run share one read per wake-up: the SELECTs per append do not

@@ -16,9 +16,12 @@
 
 mod feed;
 mod hub;
+pub mod shape;
+mod tail;
 
 pub use feed::{Feeds, Page};
 pub use hub::Hub;
+pub use tail::{is_run_end, Tail};
 
 use std::time::Duration;
 

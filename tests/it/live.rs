@@ -55,7 +55,20 @@ impl SseReader {
     }
 }
 
+/// Opens a stream. Delivery tests ask for `detail=full` (every event its own frame);
+/// the shaping test asks for the default.
 async fn open(
+    t: &TestApp,
+    base: &str,
+    run: &str,
+    last_event_id: Option<i64>,
+    query: &str,
+) -> reqwest::Response {
+    let query = if query.is_empty() { "?detail=full".to_owned() } else { format!("{query}&detail=full") };
+    open_raw(t, base, run, last_event_id, &query).await
+}
+
+async fn open_raw(
     t: &TestApp,
     base: &str,
     run: &str,
@@ -251,4 +264,71 @@ async fn subscribers_of_one_run_share_reads() {
         reads <= APPENDS as u64 + 2,
         "{reads} reads for {APPENDS} appends with {SUBSCRIBERS} subscribers: reads must not grow with subscribers"
     );
+}
+
+/// Seed 004 T4: 1000 deltas in about a second come out as at most ~10 frames by default
+/// (merged, nothing lost: the text and the covered seqs add up) and as 1000 with
+/// `detail=full`; control events are never merged.
+#[tokio::test]
+async fn a_thousand_deltas_are_merged_by_default_and_raw_with_detail_full() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    let mut merged = SseReader::new(open_raw(&t, &t.base, &run, None, "").await);
+    let mut raw = SseReader::new(open(&t, &t.base, &run, None, "").await);
+    assert_eq!(merged.next().await.and_then(|f| f.id), Some(1));
+    assert_eq!(raw.next().await.and_then(|f| f.id), Some(1));
+    let started = std::time::Instant::now();
+    let mut text = String::new();
+    for b in 0..20 {
+        let batch: Vec<Value> = (0..50)
+            .map(|i| {
+                let piece = format!("{}.", b * 50 + i);
+                text.push_str(&piece);
+                delta(&piece)
+            })
+            .collect();
+        t.append_ok(&t.key_a, &run, Value::Array(batch)).await;
+        tokio::time::sleep(Duration::from_millis(45)).await;
+    }
+    let elapsed = started.elapsed();
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "done"}}])).await;
+
+    let mut frames = vec![];
+    while let Some(f) = merged.next().await {
+        frames.push(f);
+    }
+    let (deltas, control): (Vec<&Frame>, Vec<&Frame>) =
+        frames.iter().partition(|f| f.event.as_deref() == Some("text.delta"));
+    let allowed = (elapsed.as_millis() / 100 + 2) as usize;
+    eprintln!("1000 deltas over {elapsed:?}: {} merged frames (at most {allowed} allowed)", deltas.len());
+    assert!(deltas.len() <= allowed, "{} delta frames in {elapsed:?} (at most {allowed})", deltas.len());
+    assert!(deltas.len() < 1000 / 10, "deltas are merged");
+    let merged_text: String =
+        deltas.iter().map(|f| f.data["payload"]["text"].as_str().unwrap_or_default()).collect();
+    assert_eq!(merged_text, text, "merging loses nothing");
+    let mut next = 2;
+    for f in &deltas {
+        assert_eq!(
+            f.data.get("first_seq").and_then(Value::as_i64).unwrap_or(f.id.unwrap()),
+            next,
+            "contiguous"
+        );
+        next = f.id.unwrap() + 1;
+    }
+    assert_eq!(next, 1002);
+    assert_eq!(
+        control.iter().map(|f| f.id.unwrap()).collect::<Vec<_>>(),
+        vec![1002],
+        "the end is its own frame"
+    );
+
+    let mut n = 0;
+    while let Some(f) = raw.next().await {
+        n += 1;
+        assert_eq!(f.id, Some(n + 1));
+    }
+    assert_eq!(n, 1001, "detail=full: every delta and the end");
+    let r = open_raw(&t, &t.base, &run, None, "?detail=bogus").await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
 }

@@ -1,0 +1,101 @@
+//! A subscriber's cursor over one run: catch-up then live through the one read path.
+//! Every live transport (SSE now, GraphQL subscriptions next) pulls batches from a
+//! [`Tail`], so they cannot disagree about what comes after a cursor.
+
+use std::time::Duration;
+
+use tokio::sync::broadcast::{self, error::RecvError};
+
+use super::Page;
+use crate::app::AppRef;
+use crate::auth::Principal;
+use crate::domain::{Event, EventBody};
+use crate::storage::events::Filter;
+
+/// Events one catch-up read returns at most.
+const PAGE: i64 = 500;
+/// Longest wait without a page before checking the rows anyway.
+const REREAD: Duration = Duration::from_secs(5);
+
+/// Where a subscriber is in a run's log.
+pub struct Tail {
+    app: AppRef,
+    who: Principal,
+    run_id: String,
+    cursor: i64,
+    pages: broadcast::Receiver<Page>,
+    /// Reading on our own (after joining, after a gap, after lagging) until caught up.
+    catching_up: bool,
+    done: bool,
+}
+
+/// True for the run's own terminal lifecycle event: nothing follows it.
+pub fn is_run_end(e: &Event) -> bool {
+    e.child_id.is_none() && matches!(&e.body, EventBody::Lifecycle(l) if l.state.is_terminal())
+}
+
+impl Tail {
+    /// Starts after `cursor`. Joins the run's shared feed before the first read, so a
+    /// page read after this point reaches us and the catch-up covers everything before.
+    pub fn new(app: AppRef, who: Principal, run_id: String, cursor: i64) -> Tail {
+        let pages = app.live.join(&app.db, &who.tenant_id, &run_id, cursor);
+        Tail { app, who, run_id, cursor, pages, catching_up: true, done: false }
+    }
+
+    /// The seq of the last event handed out.
+    pub fn cursor(&self) -> i64 {
+        self.cursor
+    }
+
+    /// The next events after the cursor, in seq order, ending with the run's terminal
+    /// event if it comes. `None` once that was handed out, or on a read error (the
+    /// client resumes from its cursor and loses nothing).
+    pub async fn next_batch(&mut self) -> Option<Vec<Event>> {
+        if self.done {
+            return None;
+        }
+        let mut evs = self.next_raw().await?;
+        evs.retain(|e| e.seq > self.cursor);
+        if let Some(end) = evs.iter().position(is_run_end) {
+            evs.truncate(end + 1);
+            self.done = true;
+        }
+        if let Some(last) = evs.last() {
+            self.cursor = last.seq;
+        }
+        Some(evs)
+    }
+
+    async fn next_raw(&mut self) -> Option<Vec<Event>> {
+        loop {
+            if self.catching_up {
+                self.app.live.feeds.count_read();
+                match self.app.events(&self.who, &self.run_id, self.cursor, PAGE, &Filter::default()).await {
+                    Ok((_, evs)) if evs.is_empty() => self.catching_up = false,
+                    Ok((_, evs)) => return Some(evs),
+                    Err(e) => {
+                        tracing::warn!(error = %e, run = %self.run_id, "live read failed; closing");
+                        return None;
+                    }
+                }
+            }
+            match tokio::time::timeout(REREAD, self.pages.recv()).await {
+                Ok(Ok(page)) => match page.first() {
+                    // A page that starts beyond our cursor: we joined between two reads.
+                    Some(first) if first.seq > self.cursor + 1 => self.catching_up = true,
+                    _ if page.last().is_some_and(|e| e.seq > self.cursor) => return Some(page.to_vec()),
+                    _ => {}
+                },
+                // Fell behind the feed's buffer: read on our own, then rejoin the flow.
+                Ok(Err(RecvError::Lagged(_))) => self.catching_up = true,
+                Ok(Err(RecvError::Closed)) => {
+                    self.pages =
+                        self.app.live.join(&self.app.db, &self.who.tenant_id, &self.run_id, self.cursor);
+                    self.catching_up = true;
+                }
+                // Quiet for a while: check the rows anyway (cheap, covers a lost wake-up).
+                Err(_) => self.catching_up = true,
+            }
+        }
+    }
+}

@@ -3,10 +3,14 @@
 
 mod error;
 mod schema;
+mod subscription;
 
 use async_graphql::http::GraphiQLSource;
-use async_graphql::{EmptySubscription, Schema};
+use async_graphql::http::ALL_WEBSOCKET_PROTOCOLS;
+use async_graphql::{Data, Schema};
+use async_graphql_axum::{GraphQLProtocol, GraphQLWebSocket};
 use async_graphql_axum::{GraphQLRequest, GraphQLResponse};
+use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::State;
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
@@ -15,9 +19,10 @@ use axum::Router;
 use crate::app::AppRef;
 use crate::http::extract::presented_key;
 pub use schema::{Mutation, Query};
+pub use subscription::Subscription;
 
 /// The executable schema.
-pub type AgentSchema = Schema<Query, Mutation, EmptySubscription>;
+pub type AgentSchema = Schema<Query, Mutation, Subscription>;
 
 /// Deepest query accepted.
 pub const MAX_DEPTH: usize = 12;
@@ -26,7 +31,7 @@ pub const MAX_COMPLEXITY: usize = 2_000;
 
 /// Builds the schema (without per-request data).
 pub fn build_schema() -> AgentSchema {
-    Schema::build(Query, Mutation, EmptySubscription)
+    Schema::build(Query, Mutation, Subscription)
         .limit_depth(MAX_DEPTH)
         .limit_complexity(MAX_COMPLEXITY)
         .finish()
@@ -68,10 +73,50 @@ fn build_schema_cached() -> &'static AgentSchema {
 }
 
 async fn graphiql() -> impl IntoResponse {
-    Html(GraphiQLSource::build().endpoint("/graphql").finish())
+    Html(GraphiQLSource::build().endpoint("/graphql").subscription_endpoint("/graphql/ws").finish())
 }
 
-/// `GET /graphql` (GraphiQL) and `POST /graphql`.
+/// The key a `connection_init` payload carries: `{"authorization": "Bearer <key>"}`
+/// (any capitalisation) or `{"access_token": "<key>"}`.
+fn init_key(payload: &serde_json::Value) -> Option<String> {
+    let obj = payload.as_object()?;
+    for (k, v) in obj {
+        let v = v.as_str()?;
+        match k.to_ascii_lowercase().as_str() {
+            "authorization" => return Some(v.strip_prefix("Bearer ").unwrap_or(v).trim().to_owned()),
+            "access_token" | "accesstoken" | "apikey" => return Some(v.trim().to_owned()),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `GET /graphql/ws`: subscriptions over WebSocket. The key is checked once, in
+/// `connection_init`; a bad key closes the connection before any operation.
+async fn graphql_ws(
+    State(app): State<AppRef>,
+    protocol: GraphQLProtocol,
+    upgrade: WebSocketUpgrade,
+) -> axum::response::Response {
+    let schema = build_schema_cached().clone();
+    upgrade.protocols(ALL_WEBSOCKET_PROTOCOLS).on_upgrade(move |socket| {
+        GraphQLWebSocket::new(socket, schema, protocol)
+            .on_connection_init(move |payload| async move {
+                let key = init_key(&payload);
+                let who = app.authenticate(key.as_deref()).await.map_err(|e| {
+                    use async_graphql::ErrorExtensions;
+                    e.extend()
+                })?;
+                let mut data = Data::default();
+                data.insert(app.clone());
+                data.insert::<CallerResult>(Ok(who));
+                Ok(data)
+            })
+            .serve()
+    })
+}
+
+/// `GET /graphql` (GraphiQL), `POST /graphql`, and the WebSocket at `/graphql/ws`.
 pub fn routes() -> Router<AppRef> {
-    Router::new().route("/graphql", get(graphiql).post(graphql))
+    Router::new().route("/graphql", get(graphiql).post(graphql)).route("/graphql/ws", get(graphql_ws))
 }

@@ -21,11 +21,11 @@ use crate::storage::events::Filter;
 use crate::storage::runs::RunQuery;
 use crate::storage::{AppendOutcome, RunInfo};
 
-fn app<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a AppRef> {
+pub(super) fn app<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a AppRef> {
     ctx.data::<AppRef>()
 }
 
-fn caller<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a Principal> {
+pub(super) fn caller<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a Principal> {
     match ctx.data::<CallerResult>()? {
         Ok(p) => Ok(p),
         Err(r) => Err(Error::Rejected(r.clone())).gql(),

@@ -332,3 +332,129 @@ async fn a_thousand_deltas_are_merged_by_default_and_raw_with_detail_full() {
     let r = open_raw(&t, &t.base, &run, None, "?detail=bogus").await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
 }
+
+mod graphql_ws {
+    //! GraphQL subscriptions over WebSocket, both protocols, on the same tail as SSE.
+
+    use futures::{SinkExt, StreamExt};
+    use serde_json::{json, Value};
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Message;
+
+    use super::delta;
+    use crate::common::TestApp;
+
+    type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+    async fn connect(t: &TestApp, protocol: &str, key: &str) -> Ws {
+        let mut req =
+            format!("{}/graphql/ws", t.base.replace("http://", "ws://")).into_client_request().unwrap();
+        req.headers_mut().insert("Sec-WebSocket-Protocol", protocol.parse().unwrap());
+        let (mut ws, _) = tokio_tungstenite::connect_async(req).await.expect("ws connect");
+        send(
+            &mut ws,
+            json!({"type": "connection_init", "payload": {"Authorization": format!("Bearer {key}")}}),
+        )
+        .await;
+        ws
+    }
+
+    async fn send(ws: &mut Ws, v: Value) {
+        ws.send(Message::Text(v.to_string().into())).await.expect("ws send");
+    }
+
+    /// The next protocol message that is not a keep-alive; `None` when the socket closes.
+    async fn recv(ws: &mut Ws) -> Option<Value> {
+        loop {
+            let m = tokio::time::timeout(std::time::Duration::from_secs(15), ws.next())
+                .await
+                .expect("ws frame in 15 s")?;
+            match m.ok()? {
+                Message::Text(t) => {
+                    let v: Value = serde_json::from_str(&t).expect("json");
+                    if !matches!(v["type"].as_str(), Some("ka" | "ping" | "pong")) {
+                        return Some(v);
+                    }
+                }
+                Message::Close(_) => return None,
+                _ => {}
+            }
+        }
+    }
+
+    const SUB: &str = "subscription($run: ID!, $after: Int) { runEvents(runId: $run, afterSeq: $after) { seq type payload } }";
+
+    #[tokio::test]
+    async fn run_events_streams_history_then_live_then_completes() {
+        let t = TestApp::new().await;
+        let run = t.create_run(&t.key_a).await;
+        t.append_ok(
+            &t.key_a,
+            &run,
+            json!([{"type": "run.lifecycle", "payload": {"state": "running"}}, delta("a")]),
+        )
+        .await;
+        for (protocol, start, stop) in
+            [("graphql-transport-ws", "subscribe", "next"), ("graphql-ws", "start", "data")]
+        {
+            let mut ws = connect(&t, protocol, &t.key_a).await;
+            assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack", "{protocol}");
+            send(&mut ws, json!({"id": "1", "type": start, "payload": {"query": SUB, "variables": {"run": run, "after": 1}}}))
+                .await;
+            let m = recv(&mut ws).await.unwrap();
+            assert_eq!(
+                (m["type"].as_str(), m["payload"]["data"]["runEvents"]["seq"].as_i64()),
+                (Some(stop), Some(2)),
+                "{m}"
+            );
+            if protocol == "graphql-transport-ws" {
+                // Live, then the end.
+                t.append_ok(&t.key_a, &run, json!([delta("b")])).await;
+                let m = recv(&mut ws).await.unwrap();
+                assert_eq!(m["payload"]["data"]["runEvents"]["payload"]["text"], "b");
+                t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "done"}}]))
+                    .await;
+                let m = recv(&mut ws).await.unwrap();
+                assert_eq!(m["payload"]["data"]["runEvents"]["type"], "run.lifecycle");
+                assert_eq!(recv(&mut ws).await.unwrap()["type"], "complete");
+            } else {
+                // The legacy protocol replays the finished run and completes too.
+                let mut seqs = vec![2];
+                loop {
+                    let m = recv(&mut ws).await.unwrap();
+                    if m["type"] == "complete" {
+                        break;
+                    }
+                    seqs.push(m["payload"]["data"]["runEvents"]["seq"].as_i64().unwrap());
+                }
+                assert_eq!(seqs, vec![2, 3, 4]);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bad_key_in_connection_init_closes_the_socket() {
+        let t = TestApp::new().await;
+        let mut ws = connect(
+            &t,
+            "graphql-transport-ws",
+            "ask_000000000000_000000000000000000000000000000000000000000000000",
+        )
+        .await;
+        assert!(recv(&mut ws).await.is_none(), "no connection_ack for a bad key");
+        let run = t.create_run(&t.key_a).await;
+        let mut ws = connect(&t, "graphql-transport-ws", &t.key_b).await;
+        assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack");
+        send(
+            &mut ws,
+            json!({"id": "1", "type": "subscribe", "payload": {"query": SUB, "variables": {"run": run}}}),
+        )
+        .await;
+        let m = recv(&mut ws).await.unwrap();
+        // An execution error travels in `next` (the protocol keeps `error` for invalid
+        // operations), with the same code as everywhere else.
+        assert_eq!(m["type"], "next", "another tenant's run: {m}");
+        assert_eq!(m["payload"]["errors"][0]["extensions"]["code"], "RUN-NOT-FOUND");
+        assert!(m["payload"]["data"].is_null());
+    }
+}

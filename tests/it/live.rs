@@ -458,3 +458,55 @@ mod graphql_ws {
         assert!(m["payload"]["data"].is_null());
     }
 }
+
+/// The real `graphql-ws` npm client (Node) subscribes to a run and receives history,
+/// live events and the completion.
+#[tokio::test]
+async fn the_graphql_ws_npm_client_follows_a_run() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node");
+    if !dir.join("node_modules/graphql-ws").is_dir() {
+        let st = std::process::Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(&dir)
+            .status()
+            .expect("npm is needed for the Node client tests (install Node.js and npm)");
+        assert!(st.success(), "npm ci in tests/node failed");
+    }
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(
+        &t.key_a,
+        &run,
+        json!([{"type": "run.lifecycle", "payload": {"state": "running"}}, delta("a")]),
+    )
+    .await;
+    let mut node = tokio::process::Command::new("node")
+        .arg(dir.join("graphql_ws.mjs"))
+        .args([&t.base, &t.key_a, &run])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node is needed for the Node client tests");
+    let mut lines = tokio::io::BufReader::new(node.stdout.take().unwrap()).lines();
+    async fn line(
+        lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    ) -> Option<String> {
+        tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("node output in 20 s")
+            .unwrap()
+    }
+    let seq = |l: Option<String>| serde_json::from_str::<Value>(&l.expect("a line")).unwrap()["seq"].as_i64();
+    assert_eq!(seq(line(&mut lines).await), Some(1));
+    assert_eq!(seq(line(&mut lines).await), Some(2));
+    // Live: written after the client has caught up.
+    t.append_ok(&t.key_a, &run, json!([delta("b"), {"type": "run.lifecycle", "payload": {"state": "done"}}]))
+        .await;
+    assert_eq!(seq(line(&mut lines).await), Some(3));
+    assert_eq!(seq(line(&mut lines).await), Some(4));
+    assert_eq!(line(&mut lines).await.as_deref(), Some("complete"));
+    let status =
+        tokio::time::timeout(Duration::from_secs(10), node.wait()).await.expect("node exits").unwrap();
+    assert!(status.success(), "{status:?}");
+}

@@ -129,6 +129,24 @@ impl Embedded {
         self.started_here
     }
 
+    /// Restarts the server (fast shutdown: open connections are cut). Fault tests use
+    /// it to check that nothing is lost when the database goes away mid-stream.
+    pub async fn restart(&self) -> anyhow::Result<()> {
+        let out = self
+            .cmd("pg_ctl")
+            .arg("-D")
+            .arg(&self.pgdata)
+            .arg("-l")
+            .arg(self.pgdata.join("server.log"))
+            .args(["-m", "fast", "-w", "-t", "60", "restart"])
+            .output()
+            .await?;
+        if !out.status.success() {
+            bail!("pg_ctl restart failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(())
+    }
+
     /// Stops the server if this process started it.
     pub async fn stop(&self) -> anyhow::Result<()> {
         if !self.started_here {

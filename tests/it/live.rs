@@ -510,3 +510,142 @@ async fn the_graphql_ws_npm_client_follows_a_run() {
         tokio::time::timeout(Duration::from_secs(10), node.wait()).await.expect("node exits").unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// PostgreSQL restarted mid-stream (a private cluster, so other tests keep theirs): the
+/// stream ends, the client reconnects with Last-Event-ID as EventSource does, producers
+/// retry their 503s, and every event arrives exactly once.
+#[tokio::test]
+async fn a_postgres_restart_mid_stream_loses_and_repeats_nothing() {
+    use agent_stream::storage::{embedded::Embedded, migrate, tenants, Db, DbConfig};
+    if agent_stream::storage::embedded::find_bin_dir().is_err() {
+        panic!("this test needs the PostgreSQL server binaries (initdb, pg_ctl)");
+    }
+    let dir = std::env::temp_dir().join(format!("agent-stream-restart-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let pg = Embedded::start(&dir).await.expect("private cluster");
+    let url = pg.url();
+    migrate::migrate(&url, "restart").await.unwrap();
+    let mut owner = agent_stream::storage::db::connect_owner(&url, "restart").await.unwrap();
+    let key = tenants::create_tenant(
+        &mut owner,
+        "r",
+        &[agent_stream::auth::Scope::Read, agent_stream::auth::Scope::Write],
+    )
+    .await
+    .unwrap()
+    .secret;
+    drop(owner);
+    let db = Db::new(&DbConfig { url: url.clone(), schema: "restart".into(), max_connections: 4 }).unwrap();
+    let app = agent_stream::app::App::new(db, Default::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, agent_stream::http::router(app)).await });
+    let http = reqwest::Client::new();
+
+    // A producer that retries until the service accepts (503s while the database is down).
+    let append = |body: Value| {
+        let (http, base, key) = (http.clone(), base.clone(), key.clone());
+        async move {
+            for _ in 0..200 {
+                let run = body["run"].as_str().unwrap();
+                let r = http
+                    .post(format!("{base}/v1/runs/{run}/events"))
+                    .bearer_auth(&key)
+                    .json(&body["events"])
+                    .send()
+                    .await
+                    .unwrap();
+                if r.status().is_success() {
+                    return;
+                }
+                assert_eq!(
+                    r.status(),
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "only 503 while the database restarts"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("the service did not recover");
+        }
+    };
+    let created: Value =
+        http.post(format!("{base}/v1/runs")).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
+    let run = created["run_id"].as_str().unwrap().to_owned();
+    append(json!({"run": run, "events": [{"type": "run.lifecycle", "payload": {"state": "running"}}]})).await;
+
+    // The client: reconnects with Last-Event-ID whenever the stream ends early.
+    let reader = {
+        let (http, base, key, run) = (http.clone(), base.clone(), key.clone(), run.clone());
+        tokio::spawn(async move {
+            let mut received: Vec<i64> = vec![];
+            loop {
+                let mut req = http.get(format!("{base}/v1/runs/{run}/stream?detail=full")).bearer_auth(&key);
+                if let Some(last) = received.last() {
+                    req = req.header("Last-Event-ID", last.to_string());
+                }
+                match req.send().await {
+                    Ok(r) if r.status() == StatusCode::NO_CONTENT => return received,
+                    Ok(r) if r.status() == StatusCode::OK => {
+                        let mut sse = SseReader::new(r);
+                        while let Some(f) = sse.next().await {
+                            received.push(f.id.expect("id"));
+                        }
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            }
+        })
+    };
+    let mut sent = 1;
+    for i in 0..10 {
+        append(json!({"run": run, "events": [delta(&format!("before {i}"))]})).await;
+        sent += 1;
+    }
+    // Restart while the client is streaming: its connection and the service's pool,
+    // listener and notifier connections are all cut.
+    pg.restart().await.expect("restart");
+    for i in 0..10 {
+        append(json!({"run": run, "events": [delta(&format!("after {i}"))]})).await;
+        sent += 1;
+    }
+    append(json!({"run": run, "events": [{"type": "run.lifecycle", "payload": {"state": "done"}}]})).await;
+    sent += 1;
+    let received =
+        tokio::time::timeout(Duration::from_secs(60), reader).await.expect("client finishes").unwrap();
+    pg.stop().await.ok();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_exactly_once(sent, &received);
+}
+
+/// A subscriber moved to the second instance mid-stream resumes there with
+/// Last-Event-ID: every event exactly once.
+#[tokio::test]
+async fn a_subscriber_moved_to_another_instance_mid_stream_loses_and_repeats_nothing() {
+    let t = TestApp::new().await;
+    let other = t.second_instance().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    let mut received = vec![];
+    let mut sse = SseReader::new(open(&t, &t.base, &run, None, "").await);
+    let mut sent = 1;
+    for i in 0..6 {
+        t.append_ok(&t.key_a, &run, json!([delta(&i.to_string())])).await;
+        sent += 1;
+    }
+    for _ in 0..4 {
+        received.push(sse.next().await.and_then(|f| f.id).expect("event"));
+    }
+    drop(sse); // the load balancer moves the client
+    let last = *received.last().unwrap();
+    let mut sse = SseReader::new(open(&t, &other, &run, Some(last), "").await);
+    for i in 0..6 {
+        t.append_ok(&t.key_a, &run, json!([delta(&format!("moved {i}"))])).await;
+        sent += 1;
+    }
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "done"}}])).await;
+    sent += 1;
+    while let Some(f) = sse.next().await {
+        received.push(f.id.expect("id"));
+    }
+    assert_exactly_once(sent, &received);
+}

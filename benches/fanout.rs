@@ -1,0 +1,185 @@
+//! Live delivery latency: append → SSE subscribers of one run, next to bare
+//! NOTIFY → LISTEN measured in the same run on the same server.
+//!
+//!     cargo bench --bench fanout
+//!
+//! For 1, 100 and 1000 subscribers the producer appends one small event every 5 ms
+//! (300 events). Each event carries the time its append request was sent; a subscriber
+//! records receipt minus that time. The figure therefore includes the append itself
+//! (HTTP, validation, insert, commit); the append's own round trip is reported beside
+//! it, so "after commit" latency is bounded by the difference. The baseline sends 300
+//! `NOTIFY`s from one connection to a `LISTEN`ing one and times each from send to
+//! receipt. Needs PostgreSQL like the tests (`DATABASE_URL`, else 127.0.0.1:5432).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agent_stream::app::{App, Settings};
+use agent_stream::auth::Scope;
+use agent_stream::storage::{db, migrate, tenants, Db, DbConfig};
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+const EVENTS: usize = 300;
+const SPACING: Duration = Duration::from_millis(5);
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+async fn reachable(url: &str) -> bool {
+    tokio_postgres::connect(url, tokio_postgres::NoTls).await.is_ok()
+}
+
+fn micros_since(base: Instant) -> u64 {
+    base.elapsed().as_micros() as u64
+}
+
+async fn bare_notify(url: &str, base: Instant) -> Vec<f64> {
+    let (listener, mut conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut msgs = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = msgs.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send((micros_since(base), n.payload().to_owned()));
+            }
+        }
+    });
+    listener.batch_execute("LISTEN bench_fanout").await.expect("listen");
+    let (sender, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    let mut lat = vec![];
+    for _ in 0..EVENTS {
+        let sent = micros_since(base);
+        sender.execute("SELECT pg_notify('bench_fanout', $1)", &[&sent.to_string()]).await.expect("notify");
+        let (got, payload) = rx.recv().await.expect("notification");
+        let sent: u64 = payload.parse().expect("payload");
+        lat.push((got - sent) as f64 / 1000.0);
+        tokio::time::sleep(SPACING).await;
+    }
+    lat
+}
+
+#[tokio::main]
+async fn main() {
+    // More sockets than the default soft limit: 1000 client plus 1000 server ends.
+    if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+    }
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".to_owned());
+    if !reachable(&url).await {
+        eprintln!("fanout: no PostgreSQL at {url}; set DATABASE_URL. Skipping.");
+        return;
+    }
+    let schema = format!("bench_fanout_{}", std::process::id());
+    migrate::migrate(&url, &schema).await.expect("migrate");
+    let mut owner = db::connect_owner(&url, &schema).await.expect("owner");
+    let key = tenants::create_tenant(&mut owner, "bench", &[Scope::Read, Scope::Write])
+        .await
+        .expect("tenant")
+        .secret;
+    let pool =
+        Db::new(&DbConfig { url: url.clone(), schema: schema.clone(), max_connections: 16 }).expect("pool");
+    let app = App::new(pool, Settings::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, agent_stream::http::router(app)).await });
+    let base_url = format!("http://{addr}");
+    let base = Instant::now();
+
+    let mut bare = bare_notify(&url, base).await;
+    let (b50, b99) = (pct(&mut bare, 0.5), pct(&mut bare, 0.99));
+    println!("date: {}", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    println!("baseline NOTIFY->LISTEN: p50 {b50:.2} ms, p99 {b99:.2} ms ({EVENTS} notifications)");
+    println!("| subscribers | append RTT p50 / p99 (ms) | send->receipt p50 / p99 / max (ms) | p99 minus append p99 | p99 vs bare NOTIFY p99 |");
+    println!("|---|---|---|---|---|");
+
+    for subs in [1usize, 100, 1000] {
+        let http = reqwest::Client::builder().pool_max_idle_per_host(subs + 8).build().expect("client");
+        let run: Value = http
+            .post(format!("{base_url}/v1/runs"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .expect("run")
+            .json()
+            .await
+            .expect("json");
+        let run = run["run_id"].as_str().expect("run id").to_owned();
+        let lat = Arc::new(Mutex::new(Vec::with_capacity(subs * EVENTS)));
+        let ready = Arc::new(tokio::sync::Barrier::new(subs + 1));
+        let mut readers = vec![];
+        for _ in 0..subs {
+            let (http, url, key, lat, ready) = (
+                http.clone(),
+                format!("{base_url}/v1/runs/{run}/stream?detail=full"),
+                key.clone(),
+                lat.clone(),
+                ready.clone(),
+            );
+            readers.push(tokio::spawn(async move {
+                let r = http.get(url).bearer_auth(key).send().await.expect("stream");
+                let mut body = r.bytes_stream();
+                ready.wait().await;
+                let mut buf = String::new();
+                let mut seen = 0;
+                while seen < EVENTS {
+                    let Some(Ok(chunk)) = body.next().await else { break };
+                    let now = micros_since(base);
+                    buf.push_str(&String::from_utf8_lossy(&chunk));
+                    while let Some(i) = buf.find("\n\n") {
+                        let frame: String = buf.drain(..i + 2).collect();
+                        if let Some(data) = frame.lines().find_map(|l| l.strip_prefix("data:")) {
+                            let v: Value = serde_json::from_str(data.trim()).unwrap_or_default();
+                            if let Some(sent) = v["payload"]["t"].as_u64() {
+                                lat.lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .push((now - sent) as f64 / 1000.0);
+                                seen += 1;
+                            }
+                        }
+                    }
+                }
+            }));
+        }
+        ready.wait().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut rtt = vec![];
+        for _ in 0..EVENTS {
+            let sent = micros_since(base);
+            let r = http
+                .post(format!("{base_url}/v1/runs/{run}/events"))
+                .bearer_auth(&key)
+                .json(&json!([{"type": "custom.tick", "payload": {"t": sent}}]))
+                .send()
+                .await
+                .expect("append");
+            assert!(r.status().is_success());
+            rtt.push((micros_since(base) - sent) as f64 / 1000.0);
+            tokio::time::sleep(SPACING).await;
+        }
+        for r in readers {
+            let _ = tokio::time::timeout(Duration::from_secs(30), r).await;
+        }
+        let mut lat = std::mem::take(&mut *lat.lock().unwrap_or_else(|p| p.into_inner()));
+        let got = lat.len();
+        let (l50, l99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+        let lmax = lat.last().copied().unwrap_or(f64::NAN);
+        let (r50, r99) = (pct(&mut rtt, 0.5), pct(&mut rtt, 0.99));
+        println!(
+            "| {subs} | {r50:.2} / {r99:.2} | {l50:.2} / {l99:.2} / {lmax:.2} | {:.2} | {:+.2} ms |",
+            l99 - r99,
+            l99 - b99
+        );
+        if got != subs * EVENTS {
+            println!("  (received {got} of {} events)", subs * EVENTS);
+        }
+    }
+    let _ = owner.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
+}

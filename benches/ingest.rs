@@ -51,25 +51,7 @@ const C: &str = "raw_copy";
 
 const COLUMNS: &str = "tenant_id, run_id, seq, id, ts, type, child_id, payload, idempotency_key";
 
-const WORDS: &[&str] = &[
-    "the", "agent", "reads", "page", "and", "compares", "prices", "across", "three", "shops,", "then",
-    "writes", "a", "short", "summary", "for", "user.", "Next", "it", "checks", "shipping", "costs",
-];
-
-/// Deterministic prose of exactly `len` ASCII bytes; `n` varies the words.
-fn text(n: usize, len: usize) -> String {
-    let mut s = String::with_capacity(len + 16);
-    let mut i = n;
-    while s.len() < len {
-        if !s.is_empty() {
-            s.push(' ');
-        }
-        s.push_str(WORDS[i % WORDS.len()]);
-        i = i.wrapping_mul(7).wrapping_add(3);
-    }
-    s.truncate(len);
-    s
-}
+use agent_stream::testkit::prose as text;
 
 /// The texts of one batch: each event `{"type":"text.delta","payload":{"text":...}}` is
 /// exactly `EVENT_BYTES` long.
@@ -154,7 +136,7 @@ fn with_app_name(url: &str) -> String {
 async fn setup() -> Option<Env> {
     let url = find_database().await?;
     let secs = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
-    sweep_old_schemas(&url, secs).await;
+    agent_stream::testkit::sweep_old_schemas(&url, "bench", secs).await;
     let schema = format!("bench_{secs}_{}", std::process::id());
     migrate::migrate(&url, &schema).await.expect("migrate");
     let mut owner = db::connect_owner(&url, &schema).await.expect("owner connection");
@@ -209,25 +191,6 @@ async fn setup() -> Option<Env> {
         body: Bytes::from(body),
         texts,
     })
-}
-
-/// Removes schemas left by crashed bench runs more than two hours ago.
-async fn sweep_old_schemas(url: &str, now: u64) {
-    let Ok((c, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await else {
-        return;
-    };
-    tokio::spawn(conn);
-    let Ok(rows) = c.query("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'bench\\_%'", &[]).await
-    else {
-        return;
-    };
-    for r in rows {
-        let name: String = r.get(0);
-        let born: Option<u64> = name.split('_').nth(1).and_then(|s| s.parse().ok());
-        if born.is_some_and(|b| b + 7200 < now) {
-            let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE")).await;
-        }
-    }
 }
 
 async fn teardown(env: &Env) {

@@ -28,25 +28,7 @@ const EVENT_BYTES: usize = 100;
 /// Events in the generated run the guard folds.
 const RUN_EVENTS: usize = 1_000_000;
 
-const WORDS: &[&str] = &[
-    "the", "agent", "reads", "page", "and", "compares", "prices", "across", "three", "shops,", "then",
-    "writes", "a", "short", "summary", "for", "user.", "Next", "it", "checks", "shipping", "costs",
-];
-
-/// Deterministic prose of exactly `len` ASCII bytes; `n` varies the words.
-fn text(n: usize, len: usize) -> String {
-    let mut s = String::with_capacity(len + 16);
-    let mut i = n;
-    while s.len() < len {
-        if !s.is_empty() {
-            s.push(' ');
-        }
-        s.push_str(WORDS[i % WORDS.len()]);
-        i = i.wrapping_mul(7).wrapping_add(3);
-    }
-    s.truncate(len);
-    s
-}
+use agent_stream::testkit::prose as text;
 
 /// A JSON array of `BATCH` `text.delta` events of `EVENT_BYTES` bytes each.
 fn delta_batch() -> Vec<u8> {

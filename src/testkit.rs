@@ -195,3 +195,45 @@ pub fn generated_run_mix(seed: u64, steps: usize, delta_pct: u32) -> Vec<Value> 
     }
     out
 }
+
+const WORDS: &[&str] = &[
+    "the", "agent", "reads", "page", "and", "compares", "prices", "across", "three", "shops,", "then",
+    "writes", "a", "short", "summary", "for", "user.", "Next", "it", "checks", "shipping", "costs",
+];
+
+/// Deterministic prose of exactly `len` ASCII bytes; `n` varies the words.
+pub fn prose(n: usize, len: usize) -> String {
+    let mut s = String::with_capacity(len + 16);
+    let mut i = n;
+    while s.len() < len {
+        if !s.is_empty() {
+            s.push(' ');
+        }
+        s.push_str(WORDS[i % WORDS.len()]);
+        i = i.wrapping_mul(7).wrapping_add(3);
+    }
+    s.truncate(len);
+    s
+}
+
+/// Drops schemas named `<prefix>_<unix secs>_...` that are more than two hours old:
+/// what crashed test or bench runs left behind.
+pub async fn sweep_old_schemas(url: &str, prefix: &str, now: u64) {
+    let Ok((c, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await else {
+        return;
+    };
+    tokio::spawn(conn);
+    let pattern = format!("{prefix}\\_%");
+    let Ok(rows) = c.query("SELECT nspname::text FROM pg_namespace WHERE nspname LIKE $1", &[&pattern]).await
+    else {
+        return;
+    };
+    for r in rows {
+        let name: String = r.get(0);
+        let born: Option<u64> =
+            name.strip_prefix(prefix).and_then(|rest| rest.split('_').nth(1)?.parse().ok());
+        if born.is_some_and(|b| b + 7200 < now) {
+            let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE")).await;
+        }
+    }
+}

@@ -70,7 +70,7 @@ impl TestDb {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let schema = format!("t_{secs}_{}_{n}_{:04x}", std::process::id(), rand::random::<u16>());
         if n == 0 {
-            sweep_old_schemas(&url, secs).await;
+            agent_stream::testkit::sweep_old_schemas(&url, "t", secs).await;
         }
         TestDb { url, schema }
     }
@@ -95,24 +95,6 @@ impl Drop for TestDb {
             })
         })
         .join();
-    }
-}
-
-/// Removes schemas left by crashed test runs more than two hours ago.
-async fn sweep_old_schemas(url: &str, now: u64) {
-    let Ok((c, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await else {
-        return;
-    };
-    tokio::spawn(conn);
-    let Ok(rows) = c.query("SELECT nspname FROM pg_namespace WHERE nspname LIKE 't\\_%'", &[]).await else {
-        return;
-    };
-    for r in rows {
-        let name: String = r.get(0);
-        let born: Option<u64> = name.split('_').nth(1).and_then(|s| s.parse().ok());
-        if born.is_some_and(|b| b + 7200 < now) {
-            let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE")).await;
-        }
     }
 }
 

@@ -44,15 +44,24 @@ impl FromRequestParts<AppRef> for Caller {
 }
 
 /// Query-string parameters, rejected with `PARAM-INVALID` and serde's explanation.
+/// `access_token` is the [`Caller`]'s, so it is taken out before `T` (which refuses
+/// unknown parameters) sees the query.
 pub struct Params<T>(pub T);
 
 impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Params<T> {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self> {
-        Query::<T>::try_from_uri(&parts.uri).map(|q| Params(q.0)).map_err(|e| {
-            Error::reject(ErrorCode::InvalidParameter, format!("invalid query string: {}", e.body_text()))
-        })
+        let query: Vec<&str> = parts
+            .uri
+            .query()
+            .unwrap_or("")
+            .split('&')
+            .filter(|pair| !pair.is_empty() && pair.split('=').next() != Some("access_token"))
+            .collect();
+        serde_urlencoded::from_str::<T>(&query.join("&"))
+            .map(Params)
+            .map_err(|e| Error::reject(ErrorCode::InvalidParameter, format!("invalid query string: {e}")))
     }
 }
 

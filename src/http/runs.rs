@@ -51,9 +51,6 @@ pub(crate) async fn get(
 pub(crate) struct AppendParams {
     #[serde(default)]
     expected_last_seq: Option<i64>,
-    /// Read by the `Caller` extractor; listed so it is not an unknown parameter.
-    #[serde(default, rename = "access_token")]
-    _access_token: Option<String>,
 }
 
 /// `POST /v1/runs/{run_id}/events` with a JSON array, `{"events": [...]}` or NDJSON.
@@ -89,9 +86,6 @@ pub(crate) struct ReadParams {
     after_seq: i64,
     #[serde(default = "default_limit")]
     limit: i64,
-    /// Read by the `Caller` extractor; listed so it is not an unknown parameter.
-    #[serde(default, rename = "access_token")]
-    _access_token: Option<String>,
 }
 
 /// A page of the log; `next_after_seq` is the cursor for the next page.

@@ -38,8 +38,6 @@ pub(crate) struct StreamParams {
     after_seq: Option<i64>,
     #[serde(default)]
     detail: Option<String>,
-    #[serde(default, rename = "access_token")]
-    _access_token: Option<String>,
 }
 
 fn resume_point(headers: &HeaderMap, after_seq: Option<i64>) -> Result<i64> {

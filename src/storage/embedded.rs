@@ -132,19 +132,7 @@ impl Embedded {
     /// Restarts the server (fast shutdown: open connections are cut). Fault tests use
     /// it to check that nothing is lost when the database goes away mid-stream.
     pub async fn restart(&self) -> anyhow::Result<()> {
-        let out = self
-            .cmd("pg_ctl")
-            .arg("-D")
-            .arg(&self.pgdata)
-            .arg("-l")
-            .arg(self.pgdata.join("server.log"))
-            .args(["-m", "fast", "-w", "-t", "60", "restart"])
-            .output()
-            .await?;
-        if !out.status.success() {
-            bail!("pg_ctl restart failed: {}", String::from_utf8_lossy(&out.stderr).trim());
-        }
-        Ok(())
+        self.pg_ctl(&["-m", "fast", "restart"]).await
     }
 
     /// Stops the server if this process started it.
@@ -152,15 +140,33 @@ impl Embedded {
         if !self.started_here {
             return Ok(());
         }
+        self.pg_ctl(&["-m", "fast", "stop"]).await
+    }
+
+    /// Runs `pg_ctl <args>` on the cluster, waiting up to 60 s, logging to `server.log`.
+    async fn pg_ctl(&self, args: &[&str]) -> anyhow::Result<()> {
+        let log = self.pgdata.join("server.log");
         let out = self
             .cmd("pg_ctl")
             .arg("-D")
             .arg(&self.pgdata)
-            .args(["-m", "fast", "-w", "-t", "60", "stop"])
+            .arg("-l")
+            .arg(&log)
+            .args(["-w", "-t", "60"])
+            .args(args)
             .output()
-            .await?;
+            .await
+            .with_context(|| format!("running pg_ctl {}", args.join(" ")))?;
         if !out.status.success() {
-            bail!("pg_ctl stop failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(10).collect();
+            bail!(
+                "pg_ctl {} failed for {}: {}\n{}",
+                args.join(" "),
+                self.pgdata.display(),
+                String::from_utf8_lossy(&out.stderr).trim(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
         }
         Ok(())
     }
@@ -237,27 +243,7 @@ impl Embedded {
     async fn start_if_stopped(mut self) -> anyhow::Result<Embedded> {
         let status = self.cmd("pg_ctl").arg("-D").arg(&self.pgdata).arg("status").output().await?;
         if !status.status.success() {
-            let log = self.pgdata.join("server.log");
-            let out = self
-                .cmd("pg_ctl")
-                .arg("-D")
-                .arg(&self.pgdata)
-                .arg("-l")
-                .arg(&log)
-                .args(["-w", "-t", "60", "start"])
-                .output()
-                .await
-                .context("running pg_ctl start")?;
-            if !out.status.success() {
-                let tail = std::fs::read_to_string(&log).unwrap_or_default();
-                let tail: Vec<&str> = tail.lines().rev().take(10).collect();
-                bail!(
-                    "could not start the private PostgreSQL in {}: {}\n{}",
-                    self.pgdata.display(),
-                    String::from_utf8_lossy(&out.stderr).trim(),
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                );
-            }
+            self.pg_ctl(&["start"]).await.context("could not start the private PostgreSQL")?;
             self.started_here = true;
         }
         self.ensure_database().await?;

@@ -111,25 +111,27 @@ pub fn parse_batch(body: &[u8], framing: Framing, limits: Limits) -> Result<Batc
             None,
         ),
     };
-    if raws.is_empty() {
-        return Err(empty());
-    }
-    if raws.len() > limits.max_batch_events {
-        return Err(Rejection::new(
-            ErrorCode::BatchTooLarge,
-            format!(
-                "a batch holds at most {} events; this one has {}; split it",
-                limits.max_batch_events,
-                raws.len()
-            ),
-        ));
-    }
+    check_batch_size(raws.len(), limits)?;
     let mut events = Vec::with_capacity(raws.len());
     for (i, raw) in raws.into_iter().enumerate() {
         events.push(parse_event(raw, limits).map_err(|r| r.at(i))?);
     }
     check_keys(&events)?;
     Ok(Batch { events, expected_last_seq })
+}
+
+/// Refuses an empty batch or one with more events than the limit.
+pub fn check_batch_size(n: usize, limits: Limits) -> Result<(), Rejection> {
+    if n == 0 {
+        return Err(empty());
+    }
+    if n > limits.max_batch_events {
+        return Err(Rejection::new(
+            ErrorCode::BatchTooLarge,
+            format!("a batch holds at most {} events; this one has {n}; split it", limits.max_batch_events),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a batch that uses one idempotency key twice.

@@ -260,16 +260,7 @@ impl Mutation {
         let app = app(ctx)?;
         let who = caller(ctx)?;
         let limits = app.settings.limits;
-        if events.is_empty() {
-            return Err(Error::reject(ErrorCode::BatchEmpty, "the batch holds no events")).gql();
-        }
-        if events.len() > limits.max_batch_events {
-            return Err(Error::reject(
-                ErrorCode::BatchTooLarge,
-                format!("a batch holds at most {} events", limits.max_batch_events),
-            ))
-            .gql();
-        }
+        crate::domain::input::check_batch_size(events.len(), limits).map_err(Error::Rejected).gql()?;
         let mut parsed = Vec::with_capacity(events.len());
         for (i, e) in events.into_iter().enumerate() {
             // Re-encode and go through the HTTP body parser: one set of rules, one size limit.

@@ -95,6 +95,13 @@ fn assert_exactly_once(sent: i64, received: &[i64]) {
     assert_eq!(received, expected.as_slice(), "in seq order");
 }
 
+/// A new run of tenant a, already `running` (seq 1).
+async fn running_run(t: &TestApp) -> String {
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    run
+}
+
 fn delta(text: &str) -> Value {
     json!({"type": "text.delta", "payload": {"text": text}})
 }
@@ -173,8 +180,7 @@ async fn last_event_id_resumes_exactly_after_it_and_a_finished_run_answers_204()
 async fn a_subscriber_on_another_instance_sees_appends_with_nothing_lost_or_repeated() {
     let t = TestApp::new().await;
     let other = t.second_instance().await;
-    let run = t.create_run(&t.key_a).await;
-    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    let run = running_run(&t).await;
     let mut sse = SseReader::new(open(&t, &other, &run, None, "").await);
     assert_eq!(sse.next().await.and_then(|f| f.id), Some(1));
     // Appends through the first instance, in several batches, while the second streams.
@@ -199,8 +205,7 @@ async fn a_subscriber_on_another_instance_sees_appends_with_nothing_lost_or_repe
 async fn killing_the_listener_mid_stream_loses_and_repeats_nothing() {
     let t = TestApp::new().await;
     let other = t.second_instance().await;
-    let run = t.create_run(&t.key_a).await;
-    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    let run = running_run(&t).await;
     let mut sse = SseReader::new(open(&t, &other, &run, None, "").await);
     assert_eq!(sse.next().await.and_then(|f| f.id), Some(1));
     let owner = t.db.owner().await;
@@ -242,8 +247,7 @@ async fn subscribers_of_one_run_share_reads() {
     const SUBSCRIBERS: usize = 20;
     const APPENDS: i64 = 10;
     let t = TestApp::new().await;
-    let run = t.create_run(&t.key_a).await;
-    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    let run = running_run(&t).await;
     let mut readers = vec![];
     for _ in 0..SUBSCRIBERS {
         let mut sse = SseReader::new(open(&t, &t.base, &run, None, "").await);
@@ -272,8 +276,7 @@ async fn subscribers_of_one_run_share_reads() {
 #[tokio::test]
 async fn a_thousand_deltas_are_merged_by_default_and_raw_with_detail_full() {
     let t = TestApp::new().await;
-    let run = t.create_run(&t.key_a).await;
-    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    let run = running_run(&t).await;
     let mut merged = SseReader::new(open_raw(&t, &t.base, &run, None, "").await);
     let mut raw = SseReader::new(open(&t, &t.base, &run, None, "").await);
     assert_eq!(merged.next().await.and_then(|f| f.id), Some(1));
@@ -623,8 +626,7 @@ async fn a_postgres_restart_mid_stream_loses_and_repeats_nothing() {
 async fn a_subscriber_moved_to_another_instance_mid_stream_loses_and_repeats_nothing() {
     let t = TestApp::new().await;
     let other = t.second_instance().await;
-    let run = t.create_run(&t.key_a).await;
-    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    let run = running_run(&t).await;
     let mut received = vec![];
     let mut sse = SseReader::new(open(&t, &t.base, &run, None, "").await);
     let mut sent = 1;

@@ -3,19 +3,26 @@
 //!
 //!     cargo bench --bench fanout
 //!
-//! For 1, 100 and 1000 subscribers the producer appends one small event every 5 ms
-//! (300 events). Each event carries the time its append request was sent; a subscriber
-//! records receipt minus that time. The figure therefore includes the append itself
-//! (HTTP, validation, insert, commit); the append's own round trip is reported beside
-//! it, so "after commit" latency is bounded by the difference. The baseline sends 300
-//! `NOTIFY`s from one connection to a `LISTEN`ing one and times each from send to
-//! receipt. Needs PostgreSQL like the tests (`DATABASE_URL`, else 127.0.0.1:5432).
+//! For 1, 100 and 1000 SSE subscribers (`detail=full`) the producer appends one small
+//! event every 5 ms (300 events) through the same two calls the HTTP handler makes:
+//! `storage::append` (validate, insert, commit) and `Live::committed` (wake-up). The
+//! time between them is the commit time; a subscriber's latency is its receipt of that
+//! seq minus the commit time. The baseline sends 300 `NOTIFY`s from one connection to
+//! a `LISTEN`ing one and times each from send (an autocommit statement: its commit) to
+//! receipt.
+//!
+//! A second table measures what NOTIFY does to insert throughput: 16 connections each
+//! insert single rows in autocommit for a few seconds, (a) plain, (b) with a
+//! `pg_notify` in every inserting transaction (per-commit notification), (c) plain,
+//! while one other connection sends one coalesced NOTIFY every 3 ms, as the service's
+//! notifier does. Needs PostgreSQL like the tests (`DATABASE_URL`, else 127.0.0.1:5432).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agent_stream::app::{App, Settings};
 use agent_stream::auth::Scope;
+use agent_stream::domain::{Batch, Framing, Origin};
 use agent_stream::storage::{db, migrate, tenants, Db, DbConfig};
 use futures::StreamExt;
 use serde_json::{json, Value};
@@ -65,6 +72,82 @@ async fn bare_notify(url: &str, base: Instant) -> Vec<f64> {
     lat
 }
 
+/// Rows/s of single-row autocommit INSERTs from `clients` connections for `secs`.
+/// `notify_in_tx`: each insert's transaction also sends a NOTIFY (one round trip, as
+/// a simple-query string, so only the commit differs). `side_notifier`: one more
+/// connection sends a NOTIFY every 3 ms meanwhile.
+async fn insert_rate(
+    url: &str,
+    table: &str,
+    clients: usize,
+    secs: u64,
+    notify_in_tx: bool,
+    side_notifier: bool,
+) -> f64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let (listener, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    listener.batch_execute("LISTEN bench_effect").await.expect("listen");
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let rows = Arc::new(AtomicU64::new(0));
+    let sql = if notify_in_tx {
+        format!(
+            "BEGIN; INSERT INTO {table} (v) VALUES ('x'); SELECT pg_notify('bench_effect', 'r 1'); COMMIT"
+        )
+    } else {
+        format!("INSERT INTO {table} (v) VALUES ('x')")
+    };
+    let mut tasks = vec![];
+    for _ in 0..clients {
+        let (url, sql, rows) = (url.to_owned(), sql.clone(), rows.clone());
+        tasks.push(tokio::spawn(async move {
+            let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+            tokio::spawn(conn);
+            while Instant::now() < deadline {
+                c.batch_execute(&sql).await.expect("insert");
+                rows.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    if side_notifier {
+        let url = url.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+            tokio::spawn(conn);
+            while Instant::now() < deadline {
+                c.batch_execute("SELECT pg_notify('bench_effect', 'coalesced')").await.expect("notify");
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    rows.load(Ordering::Relaxed) as f64 / secs as f64
+}
+
+async fn notify_effect(url: &str, schema: &str) {
+    let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    let table = format!("\"{schema}\".notify_effect");
+    c.batch_execute(&format!("CREATE TABLE {table} (id bigserial PRIMARY KEY, v text)"))
+        .await
+        .expect("table");
+    let plain = insert_rate(url, &table, 16, 4, false, false).await;
+    let per_commit = insert_rate(url, &table, 16, 4, true, false).await;
+    let coalesced = insert_rate(url, &table, 16, 4, false, true).await;
+    println!();
+    println!("NOTIFY and insert throughput, 16 clients, single-row autocommit INSERTs:");
+    println!("| case | rows/s | vs plain |");
+    println!("|---|---|---|");
+    println!("| plain INSERT (baseline) | {plain:.0} | 1.00 |");
+    println!("| NOTIFY in every inserting transaction | {per_commit:.0} | {:.2} |", per_commit / plain);
+    println!(
+        "| plain INSERT + one coalesced NOTIFY per 3 ms (the service's notifier) | {coalesced:.0} | {:.2} |",
+        coalesced / plain
+    );
+}
+
 #[tokio::main]
 async fn main() {
     // More sockets than the default soft limit: 1000 client plus 1000 server ends.
@@ -89,7 +172,9 @@ async fn main() {
     let app = App::new(pool, Settings::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, agent_stream::http::router(app)).await });
+    let tenant = app.authenticate(Some(&key)).await.expect("key").tenant_id;
+    let router = agent_stream::http::router(app.clone());
+    tokio::spawn(async move { axum::serve(listener, router).await });
     let base_url = format!("http://{addr}");
     let base = Instant::now();
 
@@ -97,8 +182,8 @@ async fn main() {
     let (b50, b99) = (pct(&mut bare, 0.5), pct(&mut bare, 0.99));
     println!("date: {}", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
     println!("baseline NOTIFY->LISTEN: p50 {b50:.2} ms, p99 {b99:.2} ms ({EVENTS} notifications)");
-    println!("| subscribers | append RTT p50 / p99 (ms) | send->receipt p50 / p99 / max (ms) | p99 minus append p99 | p99 vs bare NOTIFY p99 |");
-    println!("|---|---|---|---|---|");
+    println!("| subscribers | append (to commit) p50 / p99 (ms) | commit->receipt p50 / p99 / max (ms) | p99 vs bare NOTIFY p99 |");
+    println!("|---|---|---|---|");
 
     for subs in [1usize, 100, 1000] {
         let http = reqwest::Client::builder().pool_max_idle_per_host(subs + 8).build().expect("client");
@@ -112,7 +197,9 @@ async fn main() {
             .await
             .expect("json");
         let run = run["run_id"].as_str().expect("run id").to_owned();
-        let lat = Arc::new(Mutex::new(Vec::with_capacity(subs * EVENTS)));
+        // (seq, receipt) per subscriber event, and the commit time per seq.
+        let lat: Arc<Mutex<Vec<(i64, u64)>>> = Arc::new(Mutex::new(Vec::with_capacity(subs * EVENTS)));
+        let commits: Arc<Mutex<std::collections::HashMap<i64, u64>>> = Default::default();
         let ready = Arc::new(tokio::sync::Barrier::new(subs + 1));
         let mut readers = vec![];
         for _ in 0..subs {
@@ -137,10 +224,8 @@ async fn main() {
                         let frame: String = buf.drain(..i + 2).collect();
                         if let Some(data) = frame.lines().find_map(|l| l.strip_prefix("data:")) {
                             let v: Value = serde_json::from_str(data.trim()).unwrap_or_default();
-                            if let Some(sent) = v["payload"]["t"].as_u64() {
-                                lat.lock()
-                                    .unwrap_or_else(|p| p.into_inner())
-                                    .push((now - sent) as f64 / 1000.0);
+                            if let Some(seq) = v["seq"].as_i64() {
+                                lat.lock().unwrap_or_else(|p| p.into_inner()).push((seq, now));
                                 seen += 1;
                             }
                         }
@@ -152,34 +237,39 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let mut rtt = vec![];
         for _ in 0..EVENTS {
+            let body = json!([{"type": "custom.tick", "payload": {}}]).to_string();
+            let batch: Batch =
+                agent_stream::domain::input::parse_batch(body.as_bytes(), Framing::Json, Default::default())
+                    .expect("valid batch");
             let sent = micros_since(base);
-            let r = http
-                .post(format!("{base_url}/v1/runs/{run}/events"))
-                .bearer_auth(&key)
-                .json(&json!([{"type": "custom.tick", "payload": {"t": sent}}]))
-                .send()
-                .await
-                .expect("append");
-            assert!(r.status().is_success());
-            rtt.push((micros_since(base) - sent) as f64 / 1000.0);
+            let out =
+                agent_stream::storage::append(&app.db, &app.guards, &tenant, &run, &batch, Origin::Producer)
+                    .await
+                    .expect("append");
+            let committed = micros_since(base);
+            commits.lock().unwrap_or_else(|p| p.into_inner()).insert(out.last_seq, committed);
+            app.live.committed(&tenant, &run, out.last_seq);
+            rtt.push((committed - sent) as f64 / 1000.0);
             tokio::time::sleep(SPACING).await;
         }
         for r in readers {
             let _ = tokio::time::timeout(Duration::from_secs(30), r).await;
         }
-        let mut lat = std::mem::take(&mut *lat.lock().unwrap_or_else(|p| p.into_inner()));
-        let got = lat.len();
+        let receipts = std::mem::take(&mut *lat.lock().unwrap_or_else(|p| p.into_inner()));
+        let commits = std::mem::take(&mut *commits.lock().unwrap_or_else(|p| p.into_inner()));
+        let got = receipts.len();
+        let mut lat: Vec<f64> = receipts
+            .iter()
+            .filter_map(|(seq, at)| commits.get(seq).map(|c| at.saturating_sub(*c) as f64 / 1000.0))
+            .collect();
         let (l50, l99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
         let lmax = lat.last().copied().unwrap_or(f64::NAN);
         let (r50, r99) = (pct(&mut rtt, 0.5), pct(&mut rtt, 0.99));
-        println!(
-            "| {subs} | {r50:.2} / {r99:.2} | {l50:.2} / {l99:.2} / {lmax:.2} | {:.2} | {:+.2} ms |",
-            l99 - r99,
-            l99 - b99
-        );
+        println!("| {subs} | {r50:.2} / {r99:.2} | {l50:.2} / {l99:.2} / {lmax:.2} | {:+.2} ms |", l99 - b99);
         if got != subs * EVENTS {
             println!("  (received {got} of {} events)", subs * EVENTS);
         }
     }
+    notify_effect(&url, &schema).await;
     let _ = owner.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
 }

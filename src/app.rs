@@ -25,11 +25,34 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// Origins allowed by CORS; `None` allows any origin (embedded dev default only).
     pub cors_origins: Option<Vec<String>>,
+    /// Live SSE shedding: a client this many events behind the run's newest seq loses
+    /// reasoning deltas, and at [`Shedding::text_behind`] text deltas too.
+    pub shedding: Shedding,
+}
+
+/// When a slow SSE client starts losing deltas (seed 004 R4).
+#[derive(Debug, Clone, Copy)]
+pub struct Shedding {
+    /// Events behind at which reasoning deltas are dropped.
+    pub reasoning_behind: i64,
+    /// Events behind at which text deltas are dropped as well.
+    pub text_behind: i64,
+}
+
+impl Default for Shedding {
+    fn default() -> Self {
+        Shedding { reasoning_behind: 2_000, text_behind: 8_000 }
+    }
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { limits: Default::default(), max_body_bytes: 16 << 20, cors_origins: Some(vec![]) }
+        Settings {
+            limits: Default::default(),
+            max_body_bytes: 16 << 20,
+            cors_origins: Some(vec![]),
+            shedding: Shedding::default(),
+        }
     }
 }
 
@@ -82,7 +105,9 @@ impl App {
     /// Creates a run, optionally as a sub-run of `parent`.
     pub async fn create_run(&self, who: &Principal, parent: Option<&str>) -> Result<RunInfo> {
         who.require(Scope::Write)?;
-        runs::create_run(&self.db, &who.tenant_id, parent).await
+        let run = runs::create_run(&self.db, &who.tenant_id, parent).await?;
+        self.live.committed(&who.tenant_id, &run.run_id, 0);
+        Ok(run)
     }
 
     /// Appends a producer's batch.
@@ -140,6 +165,19 @@ impl App {
     pub async fn view(&self, who: &Principal, run_id: &str) -> Result<(RunInfo, Arc<RunView>)> {
         who.require(Scope::Read)?;
         load_view(&self.db, &self.views, &who.tenant_id, run_id).await
+    }
+
+    /// A run's views at exactly `seq` (0 up to its last seq), folded from the log.
+    pub async fn view_at(&self, who: &Principal, run_id: &str, seq: i64) -> Result<(RunInfo, RunView)> {
+        who.require(Scope::Read)?;
+        let (run, view) = storage::views::view_at(&self.db, &who.tenant_id, run_id, seq).await?;
+        if seq < 0 || seq > run.last_seq {
+            return Err(Error::reject(
+                ErrorCode::InvalidParameter,
+                format!("seq {seq} is outside the run's log, which ends at seq {}", run.last_seq),
+            ));
+        }
+        Ok((run, view))
     }
 
     /// A page of the tenant's runs, newest first.

@@ -216,6 +216,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 limits: Limits { max_event_bytes, max_batch_events },
                 max_body_bytes,
                 cors_origins: Some(cors_origin.into_iter().filter(|o| !o.is_empty()).collect()),
+                ..Settings::default()
             };
             server::serve(ServeOptions { db: db.choice(), listen, pool_size, settings }).await
         }

@@ -1,15 +1,46 @@
-//! Subscription root. Live operations read through the same [`Tail`] as SSE.
+//! Subscription root. Live operations read through the same [`Tail`] as SSE, and
+//! `runView` renders the same reducer's changes as the `run` query's view.
+
+use std::sync::Arc;
 
 use async_graphql::{Context, Subscription, ID};
 use futures::{Stream, StreamExt};
 
 use super::error::GqlResult;
+use super::schema::GqlRun;
 use super::schema::{app, caller, GqlEvent};
+use crate::error::{Error, ErrorCode};
+use crate::live::activity::{self, ActivityKind};
 use crate::live::Tail;
+use crate::projection::{updates, ViewUpdate};
+
+/// A run that was created or changed state (an item of `runsActivity`).
+#[derive(async_graphql::SimpleObject)]
+#[graphql(name = "RunActivity")]
+pub struct GqlRunActivity {
+    /// What happened.
+    kind: ActivityKind,
+    /// The run as it is now.
+    run: GqlRun,
+}
 
 /// Live operations (WebSocket at `/graphql/ws`, graphql-transport-ws or the legacy
 /// subscriptions-transport-ws; the API key goes in `connection_init`).
 pub struct Subscription;
+
+fn cursor(after_seq: Option<i64>) -> async_graphql::Result<i64> {
+    match after_seq {
+        Some(a) if a < 0 => {
+            Err(Error::reject(ErrorCode::InvalidParameter, "`afterSeq` must be 0 or more")).gql()
+        }
+        a => Ok(a.unwrap_or(0)),
+    }
+}
+
+/// A tail's batches as a stream; ends after the run's terminal event.
+fn batches(tail: Tail) -> impl Stream<Item = Vec<crate::domain::Event>> {
+    futures::stream::unfold(tail, |mut t| async move { t.next_batch().await.map(|b| (b, t)) })
+}
 
 #[Subscription]
 impl Subscription {
@@ -26,25 +57,67 @@ impl Subscription {
     ) -> async_graphql::Result<impl Stream<Item = GqlEvent>> {
         let app = app(ctx)?.clone();
         let who = caller(ctx)?.clone();
-        let after = after_seq.unwrap_or(0);
-        if after < 0 {
-            return Err(crate::error::Error::reject(
-                crate::error::ErrorCode::InvalidParameter,
-                "`afterSeq` must be 0 or more",
-            ))
-            .gql();
-        }
+        let after = cursor(after_seq)?;
         let run = app.run(&who, &run_id).await.gql()?;
-        let tail = Tail::new(app, who, run.run_id, after);
-        let events =
-            futures::stream::unfold(tail, |mut t| async move { t.next_batch().await.map(|b| (b, t)) })
-                .flat_map(futures::stream::iter)
-                .filter(move |e| {
-                    let keep = types.as_ref().is_none_or(|ts| ts.iter().any(|t| *t == e.body.type_name()))
-                        && child_id.as_ref().is_none_or(|c| e.child_id.as_ref() == Some(c));
-                    futures::future::ready(keep)
-                })
-                .map(GqlEvent::from);
+        let events = batches(Tail::new(app, who, run.run_id, after))
+            .flat_map(futures::stream::iter)
+            .filter(move |e| {
+                let keep = types.as_ref().is_none_or(|ts| ts.iter().any(|t| *t == e.body.type_name()))
+                    && child_id.as_ref().is_none_or(|c| e.child_id.as_ref() == Some(c));
+                futures::future::ready(keep)
+            })
+            .map(GqlEvent::from);
         Ok(events)
+    }
+
+    /// Changes to the run's view after `afterSeq` (default 0), each with the seq that
+    /// made it; completes after the run's terminal lifecycle event. Folding them over
+    /// the view at `afterSeq` (see the `ViewUpdate` rules) gives exactly the `run`
+    /// query's view at every seq. With `snapshot: true` the first update is the whole
+    /// view at `afterSeq`, or at the newest seq when `afterSeq` is not given.
+    async fn run_view(
+        &self,
+        ctx: &Context<'_>,
+        run_id: ID,
+        after_seq: Option<i64>,
+        #[graphql(default = false)] snapshot: bool,
+    ) -> async_graphql::Result<impl Stream<Item = ViewUpdate>> {
+        let app = app(ctx)?.clone();
+        let who = caller(ctx)?.clone();
+        let after = cursor(after_seq)?;
+        let (run, view) = match (after_seq, snapshot) {
+            (None, true) => {
+                let (run, v) = app.view(&who, &run_id).await.gql()?;
+                (run, Arc::unwrap_or_clone(v))
+            }
+            _ => app.view_at(&who, &run_id, after).await.gql()?,
+        };
+        let start = view.seq;
+        let first = snapshot.then(|| ViewUpdate::snapshot(Arc::new(view.clone())));
+        let live = batches(Tail::new(app, who, run.run_id, start))
+            .scan(view, |view, batch| {
+                let mut out = vec![];
+                for e in &batch {
+                    let change = view.apply(e);
+                    out.extend(updates(view, e.seq, change));
+                }
+                futures::future::ready(Some(out))
+            })
+            .flat_map(futures::stream::iter);
+        Ok(futures::stream::iter(first).chain(live))
+    }
+
+    /// The tenant's runs as they are created and change lifecycle state, for list
+    /// pages: each item is a run's current row (upsert it by `runId`). Starts with
+    /// runs that change after the subscription begins.
+    async fn runs_activity(
+        &self,
+        ctx: &Context<'_>,
+    ) -> async_graphql::Result<impl Stream<Item = GqlRunActivity>> {
+        let app = app(ctx)?.clone();
+        let who = caller(ctx)?.clone();
+        who.require(crate::auth::Scope::Read).gql()?;
+        let items = activity::stream(app, who).await.gql()?;
+        Ok(items.map(|a| GqlRunActivity { kind: a.kind, run: GqlRun::from(a.run) }))
     }
 }

@@ -9,6 +9,11 @@
 //! every event. Control events are never merged or delayed. The stream ends after the
 //! run's terminal lifecycle event; a reconnect to a finished run with nothing left gets
 //! 204, which tells EventSource to stop.
+//!
+//! A live client that falls behind the run's newest seq (its socket is full, so the
+//! stream is not polled) loses reasoning deltas, and further behind text deltas too;
+//! the terminal event's payload says how many in `dropped_count`. The seq gaps show
+//! where; the dropped text is still in the `message.end` and the run's view.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -22,9 +27,10 @@ use serde::Deserialize;
 
 use super::extract::{Caller, Params};
 use crate::app::AppRef;
+use crate::app::Shedding;
 use crate::error::{Error, ErrorCode, Result};
 use crate::live::shape::{Aggregator, Frame, WINDOW};
-use crate::live::Tail;
+use crate::live::{is_run_end, Tail};
 
 /// Keep-alive comment interval (seed 004 §5.1).
 const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -80,16 +86,34 @@ pub(crate) async fn stream(
     if run.state.is_some_and(|s| s.is_terminal()) && run.last_seq <= cursor {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
+    let shedding = app.settings.shedding;
     let tail = Tail::new(app, who, run.run_id, cursor);
-    let state =
-        Sending { tail, agg: Aggregator::default(), window_end: None, raw, first: true, ended: false };
+    let state = Sending::new(tail, raw, shedding);
     Ok(Sse::new(frames(state))
         .keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"))
         .into_response())
 }
 
-struct Sending {
-    tail: Tail,
+/// Where a stream's events come from: a [`Tail`] in service, a channel in tests (so
+/// the pacing can be checked on tokio's paused clock).
+trait Source {
+    /// The next events in seq order; `None` at the end.
+    async fn next_batch(&mut self) -> Option<Vec<crate::domain::Event>>;
+    /// How far behind the newest committed event the consumer is.
+    fn behind(&self) -> i64;
+}
+
+impl Source for Tail {
+    async fn next_batch(&mut self) -> Option<Vec<crate::domain::Event>> {
+        Tail::next_batch(self).await
+    }
+    fn behind(&self) -> i64 {
+        Tail::behind(self)
+    }
+}
+
+struct Sending<S = Tail> {
+    tail: S,
     agg: Aggregator,
     /// When the pending merged deltas must go out.
     window_end: Option<tokio::time::Instant>,
@@ -97,9 +121,25 @@ struct Sending {
     raw: bool,
     first: bool,
     ended: bool,
+    shedding: Shedding,
+    /// Deltas dropped because the client fell behind (reported in the terminal event).
+    dropped: u64,
 }
 
-impl Sending {
+impl<S: Source> Sending<S> {
+    fn new(tail: S, raw: bool, shedding: Shedding) -> Self {
+        Sending {
+            tail,
+            agg: Aggregator::default(),
+            window_end: None,
+            raw,
+            first: true,
+            ended: false,
+            shedding,
+            dropped: 0,
+        }
+    }
+
     /// The next frames to send; `None` ends the stream.
     async fn next(&mut self) -> Option<Vec<Frame>> {
         loop {
@@ -117,10 +157,11 @@ impl Sending {
                 },
                 None => self.tail.next_batch().await,
             };
-            let Some(batch) = batch else {
+            let Some(mut batch) = batch else {
                 self.ended = true;
                 continue;
             };
+            self.dropped += shed(&mut batch, self.tail.behind(), self.shedding);
             if self.raw {
                 return Some(batch.into_iter().map(|e| Frame { first_seq: e.seq, event: e }).collect());
             }
@@ -140,6 +181,23 @@ impl Sending {
     }
 }
 
+/// Seed 004 R4: a client that falls behind loses reasoning deltas first, then text
+/// deltas; never control events. Returns how many were dropped.
+fn shed(batch: &mut Vec<crate::domain::Event>, behind: i64, s: Shedding) -> u64 {
+    use crate::domain::EventBody::{ReasoningDelta, TextDelta};
+    if behind < s.reasoning_behind {
+        return 0;
+    }
+    let text_too = behind >= s.text_behind;
+    let before = batch.len();
+    batch.retain(|e| match e.body {
+        ReasoningDelta(_) => false,
+        TextDelta(_) => !text_too,
+        _ => true,
+    });
+    (before - batch.len()) as u64
+}
+
 fn frames(state: Sending) -> impl Stream<Item = std::result::Result<SseEvent, Infallible>> {
     futures::stream::unfold(state, |mut s| async move {
         let frames = s.next().await?;
@@ -150,7 +208,11 @@ fn frames(state: Sending) -> impl Stream<Item = std::result::Result<SseEvent, In
                 sse = sse.retry(RETRY);
                 s.first = false;
             }
-            match sse.json_data(f.to_json()) {
+            let mut json = f.to_json();
+            if is_run_end(&f.event) {
+                json["payload"]["dropped_count"] = s.dropped.into();
+            }
+            match sse.json_data(json) {
                 Ok(e) => out.push(Ok(e)),
                 Err(err) => tracing::error!(error = %err, "encoding an event"),
             }
@@ -158,4 +220,86 @@ fn frames(state: Sending) -> impl Stream<Item = std::result::Result<SseEvent, In
         Some((futures::stream::iter(out), s))
     })
     .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    //! Seed 004 T4 on tokio's paused clock: the windows are exact, not subject to load.
+
+    use super::*;
+    use crate::domain::Event;
+    use crate::testkit::stored;
+    use serde_json::json;
+    use tokio::sync::mpsc;
+
+    struct Channel(mpsc::Receiver<Vec<Event>>);
+
+    impl Source for Channel {
+        async fn next_batch(&mut self) -> Option<Vec<Event>> {
+            self.0.recv().await
+        }
+        fn behind(&self) -> i64 {
+            0
+        }
+    }
+
+    /// 1000 deltas, one per millisecond, then a tool call; frames as (first, last seq).
+    async fn shape(raw: bool) -> Vec<Frame> {
+        let mut inputs: Vec<_> =
+            (0..1000).map(|i| json!({"type": "text.delta", "payload": {"text": format!("{i},")}})).collect();
+        inputs.push(json!({"type": "tool.start", "payload": {"call_id": "c", "tool": "t"}}));
+        let events = stored(&inputs);
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(async move {
+            for e in events {
+                let control = !matches!(e.body, crate::domain::EventBody::TextDelta(_));
+                if tx.send(vec![e]).await.is_err() {
+                    return;
+                }
+                if !control {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        });
+        let mut s = Sending::new(Channel(rx), raw, Shedding::default());
+        let mut frames = vec![];
+        while let Some(f) = s.next().await {
+            frames.extend(f);
+        }
+        frames
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_thousand_deltas_in_one_second_come_out_as_at_most_ten_frames() {
+        let started = tokio::time::Instant::now();
+        let frames = shape(false).await;
+        assert!(started.elapsed() >= Duration::from_secs(1), "deltas were spread over a second");
+        let deltas = &frames[..frames.len() - 1];
+        assert!(deltas.len() <= 10, "{} delta frames", deltas.len());
+        // Nothing lost: the frames cover seqs 1..=1000 back to back, text in order.
+        let mut next = 1;
+        let mut text = String::new();
+        for f in deltas {
+            assert_eq!(f.first_seq, next);
+            next = f.event.seq + 1;
+            text.push_str(f.event.body.payload()["text"].as_str().unwrap_or_default());
+        }
+        assert_eq!(next, 1001);
+        assert_eq!(text, (0..1000).map(|i| format!("{i},")).collect::<String>());
+        assert_eq!(
+            frames.last().map(|f| f.event.body.type_name()).as_deref(),
+            Some("tool.start"),
+            "control last, alone"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn detail_full_sends_every_event() {
+        let frames = shape(true).await;
+        assert_eq!(frames.len(), 1001);
+        assert!(frames
+            .iter()
+            .enumerate()
+            .all(|(i, f)| f.first_seq == i as i64 + 1 && f.event.seq == i as i64 + 1));
+    }
 }

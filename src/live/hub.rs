@@ -14,6 +14,8 @@ type RunKey = (String, String);
 #[derive(Default)]
 pub struct Hub {
     runs: Mutex<HashMap<RunKey, watch::Sender<i64>>>,
+    /// Per tenant: a counter bumped by every write (for run-activity streams).
+    tenants: Mutex<HashMap<String, watch::Sender<u64>>>,
 }
 
 impl Hub {
@@ -24,8 +26,27 @@ impl Hub {
         runs.entry((tenant.to_owned(), run_id.to_owned())).or_insert_with(|| watch::channel(0).0).subscribe()
     }
 
-    /// Records that `seq` is committed for the run; wakes its subscribers if it is new.
+    /// A receiver that changes whenever any run of the tenant is written.
+    pub fn tenant_watch(&self, tenant: &str) -> watch::Receiver<u64> {
+        let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+        tenants.entry(tenant.to_owned()).or_insert_with(|| watch::channel(0).0).subscribe()
+    }
+
+    fn bump_tenant(&self, tenant: &str) {
+        let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = tenants.get(tenant) {
+            if tx.receiver_count() == 0 {
+                tenants.remove(tenant);
+            } else {
+                tx.send_modify(|n| *n += 1);
+            }
+        }
+    }
+
+    /// Records that `seq` is committed for the run (0: the run was just created); wakes
+    /// its subscribers if it is new, and the tenant's activity watchers.
     pub fn publish(&self, tenant: &str, run_id: &str, seq: i64) {
+        self.bump_tenant(tenant);
         let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
         let key = (tenant.to_owned(), run_id.to_owned());
         if let Some(tx) = runs.get(&key) {
@@ -50,6 +71,12 @@ impl Hub {
         runs.retain(|_, tx| tx.receiver_count() > 0);
         for tx in runs.values() {
             tx.send_modify(|_| {});
+        }
+        drop(runs);
+        let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+        tenants.retain(|_, tx| tx.receiver_count() > 0);
+        for tx in tenants.values() {
+            tx.send_modify(|n| *n += 1);
         }
     }
 

@@ -14,6 +14,7 @@
 //!
 //! Notifications are never the data, only the reason to read rows with `seq > cursor`.
 
+pub mod activity;
 mod feed;
 mod hub;
 pub mod shape;

@@ -26,6 +26,10 @@ pub struct Tail {
     pages: broadcast::Receiver<Page>,
     /// Reading on our own (after joining, after a gap, after lagging) until caught up.
     catching_up: bool,
+    /// Caught up with the newest committed seq at least once (history is behind us).
+    live: bool,
+    /// The newest seq known to be committed.
+    newest: tokio::sync::watch::Receiver<i64>,
     done: bool,
 }
 
@@ -39,7 +43,18 @@ impl Tail {
     /// page read after this point reaches us and the catch-up covers everything before.
     pub fn new(app: AppRef, who: Principal, run_id: String, cursor: i64) -> Tail {
         let pages = app.live.join(&app.db, &who.tenant_id, &run_id, cursor);
-        Tail { app, who, run_id, cursor, pages, catching_up: true, done: false }
+        let newest = app.live.hub.subscribe(&who.tenant_id, &run_id);
+        Tail { app, who, run_id, cursor, pages, catching_up: true, live: false, newest, done: false }
+    }
+
+    /// How many committed events a live subscriber has not been handed yet; 0 while it
+    /// is still reading history (a resume is never treated as falling behind).
+    pub fn behind(&self) -> i64 {
+        if self.live {
+            (*self.newest.borrow() - self.cursor).max(0)
+        } else {
+            0
+        }
     }
 
     /// The seq of the last event handed out.
@@ -71,7 +86,10 @@ impl Tail {
             if self.catching_up {
                 self.app.live.feeds.count_read();
                 match self.app.events(&self.who, &self.run_id, self.cursor, PAGE, &Filter::default()).await {
-                    Ok((_, evs)) if evs.is_empty() => self.catching_up = false,
+                    Ok((_, evs)) if evs.is_empty() => {
+                        self.catching_up = false;
+                        self.live = true;
+                    }
                     Ok((_, evs)) => return Some(evs),
                     Err(e) => {
                         tracing::warn!(error = %e, run = %self.run_id, "live read failed; closing");

@@ -89,6 +89,52 @@ pub struct RunView {
     #[serde(skip)]
     #[graphql(skip)]
     running_tools: FxHashMap<String, Vec<usize>>,
+    /// What the latest terminal lifecycle event interrupted (message and tool indexes),
+    /// for [`Change::Lifecycle`] consumers.
+    #[serde(skip)]
+    #[graphql(skip)]
+    interrupted: (Vec<usize>, Vec<usize>),
+}
+
+/// What one event changed in a [`RunView`]: indexes into its lists, so consumers (the
+/// `runView` subscription, the dialect encoders) render what changed without folding
+/// the event a second time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing shown changed (custom events).
+    Nothing,
+    /// The guard refused the event (only in a foreign log); counted in `anomalies`.
+    Refused,
+    /// A message opened, grew or ended.
+    Message(usize),
+    /// A tool call started, progressed or ended; a start also adds a block to the
+    /// message that was open.
+    Tool {
+        /// Index in `tools`.
+        tool: usize,
+        /// Index in `messages` of the message that got a tool-call block.
+        message: Option<usize>,
+    },
+    /// A lifecycle transition (the last in `lifecycle.transitions`); a child's also
+    /// changes its `children` entry; a terminal one may interrupt messages and tools
+    /// (see [`RunView::interrupted`]).
+    Lifecycle {
+        /// Index in `children` of the child whose state changed.
+        child: Option<usize>,
+    },
+    /// A step boundary (the last in `steps`).
+    Step,
+    /// A child was spawned; its parent child (if any) got a new edge.
+    Child {
+        /// Index in `children`.
+        child: usize,
+        /// Index in `children` of the spawning child.
+        parent: Option<usize>,
+    },
+    /// The plan was proposed or decided.
+    Plan,
+    /// Compaction started or ended.
+    Compaction,
 }
 
 impl PartialEq for RunView {
@@ -122,15 +168,15 @@ impl RunView {
         v
     }
 
-    /// Folds one more event into the view.
-    pub fn apply(&mut self, e: &Event) {
+    /// Folds one more event into the view and says what it changed.
+    pub fn apply(&mut self, e: &Event) -> Change {
         let child = e.child_id.as_deref();
         let resolution = match self.guard.apply(e.seq, child, &e.body, Origin::Service) {
             Ok(r) => r,
             Err(_) => {
                 self.anomalies += 1;
                 self.seq = self.seq.max(e.seq);
-                return;
+                return Change::Refused;
             }
         };
         self.seq = e.seq;
@@ -149,23 +195,27 @@ impl RunView {
                     to: p.state,
                     reason: p.reason.clone(),
                 });
-                match child {
+                let ci = child.and_then(|c| self.child_ix.get(c).copied());
+                match ci {
                     None => self.lifecycle.state = Some(p.state),
-                    Some(c) => {
-                        if let Some(i) = self.child_ix.get(c) {
-                            self.children[*i].state = Some(p.state);
-                        }
-                    }
+                    Some(i) => self.children[i].state = Some(p.state),
                 }
+                self.interrupted.0.clear();
+                self.interrupted.1.clear();
                 if p.state.is_terminal() {
                     self.interrupt(child, e.seq);
                 }
+                Change::Lifecycle { child: ci }
             }
-            EventBody::MessageStart(p) => {
-                self.open_message(e.child_id.as_ref(), p.message_id.clone(), p.role, false, e.seq);
-            }
+            EventBody::MessageStart(p) => Change::Message(self.open_message(
+                e.child_id.as_ref(),
+                p.message_id.clone(),
+                p.role,
+                false,
+                e.seq,
+            )),
             EventBody::TextDelta(p) | EventBody::ReasoningDelta(p) => {
-                let Resolution::Message { id, implicit } = resolution else { return };
+                let Resolution::Message { id, implicit } = resolution else { return Change::Nothing };
                 let i = match self.message_ix.get(sk).and_then(|m| m.get(id.as_str())) {
                     Some(i) if !implicit => *i,
                     _ => self.open_message(e.child_id.as_ref(), id, Role::Assistant, true, e.seq),
@@ -184,45 +234,49 @@ impl RunView {
                     Some(Block { kind: k, text: Some(t), .. }) if *k == kind => t.push_str(&p.text),
                     _ => m.blocks.push(Block { kind, text: Some(p.text.clone()), call_id: None }),
                 }
+                Change::Message(i)
             }
             EventBody::MessageEnd(p) => {
-                let Resolution::Message { id, .. } = resolution else { return };
-                if let Some(i) = self.message_ix.get(sk).and_then(|m| m.get(id.as_str())).copied() {
-                    remove_index(self.open_messages.get_mut(sk), i);
-                    let m = &mut self.messages[i];
-                    if let Some(text) = &p.text {
-                        if m.text.is_empty() && !text.is_empty() {
-                            // A non-streaming producer: the end carries the whole content.
-                            m.text = text.clone();
-                            m.blocks.push(Block {
-                                kind: BlockKind::Text,
-                                text: Some(text.clone()),
-                                call_id: None,
-                            });
-                        }
+                let Resolution::Message { id, .. } = resolution else { return Change::Nothing };
+                let Some(i) = self.message_ix.get(sk).and_then(|m| m.get(id.as_str())).copied() else {
+                    return Change::Nothing;
+                };
+                remove_index(self.open_messages.get_mut(sk), i);
+                let m = &mut self.messages[i];
+                if let Some(text) = &p.text {
+                    if m.text.is_empty() && !text.is_empty() {
+                        // A non-streaming producer: the end carries the whole content.
+                        m.text = text.clone();
+                        m.blocks.push(Block {
+                            kind: BlockKind::Text,
+                            text: Some(text.clone()),
+                            call_id: None,
+                        });
                     }
-                    m.stop_reason = p.stop_reason.clone();
-                    m.status = if p.stop_reason.as_deref() == Some("error") {
-                        MessageStatus::Failed
-                    } else {
-                        MessageStatus::Complete
-                    };
-                    m.ended_seq = Some(e.seq);
                 }
+                m.stop_reason = p.stop_reason.clone();
+                m.status = if p.stop_reason.as_deref() == Some("error") {
+                    MessageStatus::Failed
+                } else {
+                    MessageStatus::Complete
+                };
+                m.ended_seq = Some(e.seq);
+                Change::Message(i)
             }
             EventBody::ToolStart(p) => {
                 let message_id = match resolution {
                     Resolution::Message { id, .. } => Some(id),
                     Resolution::None => None,
                 };
-                if let Some(mid) = &message_id {
-                    if let Some(i) = self.message_ix.get(sk).and_then(|m| m.get(mid.as_str())) {
-                        self.messages[*i].blocks.push(Block {
-                            kind: BlockKind::ToolCall,
-                            text: None,
-                            call_id: Some(p.call_id.clone()),
-                        });
-                    }
+                let message = message_id
+                    .as_ref()
+                    .and_then(|mid| self.message_ix.get(sk).and_then(|m| m.get(mid.as_str())).copied());
+                if let Some(i) = message {
+                    self.messages[i].blocks.push(Block {
+                        kind: BlockKind::ToolCall,
+                        text: None,
+                        call_id: Some(p.call_id.clone()),
+                    });
                 }
                 let i = self.tools.len();
                 scoped(&mut self.running_tools, sk).push(i);
@@ -244,25 +298,30 @@ impl RunView {
                     started_seq: e.seq,
                     ended_seq: None,
                 });
+                Change::Tool { tool: i, message }
             }
             EventBody::ToolProgress(p) => {
-                if let Some(i) = self.tool_ix.get(sk).and_then(|m| m.get(p.call_id.as_str())) {
-                    let t = &mut self.tools[*i];
-                    t.progress_count += 1;
-                    t.last_progress = p.data.clone();
-                }
+                let Some(i) = self.tool_ix.get(sk).and_then(|m| m.get(p.call_id.as_str())).copied() else {
+                    return Change::Nothing;
+                };
+                let t = &mut self.tools[i];
+                t.progress_count += 1;
+                t.last_progress = p.data.clone();
+                Change::Tool { tool: i, message: None }
             }
             EventBody::ToolEnd(p) => {
-                if let Some(i) = self.tool_ix.get(sk).and_then(|m| m.get(p.call_id.as_str())).copied() {
-                    remove_index(self.running_tools.get_mut(sk), i);
-                    let t = &mut self.tools[i];
-                    t.status = if p.ok { ToolStatus::Success } else { ToolStatus::Error };
-                    t.output = p.output.clone();
-                    t.error = p.error.clone();
-                    t.duration_ms = p.duration_ms;
-                    t.blob_ref = p.blob_ref.clone();
-                    t.ended_seq = Some(e.seq);
-                }
+                let Some(i) = self.tool_ix.get(sk).and_then(|m| m.get(p.call_id.as_str())).copied() else {
+                    return Change::Nothing;
+                };
+                remove_index(self.running_tools.get_mut(sk), i);
+                let t = &mut self.tools[i];
+                t.status = if p.ok { ToolStatus::Success } else { ToolStatus::Error };
+                t.output = p.output.clone();
+                t.error = p.error.clone();
+                t.duration_ms = p.duration_ms;
+                t.blob_ref = p.blob_ref.clone();
+                t.ended_seq = Some(e.seq);
+                Change::Tool { tool: i, message: None }
             }
             EventBody::StepBoundary(p) => {
                 let open_message_ids = self
@@ -279,12 +338,15 @@ impl RunView {
                     checkpoint_id: p.checkpoint_id.clone(),
                     open_message_ids,
                 });
+                Change::Step
             }
             EventBody::ChildSpawn(p) => {
-                if let Some(parent) = child.and_then(|c| self.child_ix.get(c)) {
-                    self.children[*parent].children.push(p.child_id.clone());
+                let parent = child.and_then(|c| self.child_ix.get(c).copied());
+                if let Some(pi) = parent {
+                    self.children[pi].children.push(p.child_id.clone());
                 }
-                self.child_ix.insert(p.child_id.clone(), self.children.len());
+                let ci = self.children.len();
+                self.child_ix.insert(p.child_id.clone(), ci);
                 self.children.push(ChildView {
                     child_id: p.child_id.clone(),
                     parent_child_id: e.child_id.clone(),
@@ -294,6 +356,7 @@ impl RunView {
                     spawned_seq: e.seq,
                     children: vec![],
                 });
+                Change::Child { child: ci, parent }
             }
             EventBody::PlanProposal(p) => {
                 let proposals = self.plan.as_ref().map_or(0, |pl| pl.proposals) + 1;
@@ -310,6 +373,7 @@ impl RunView {
                     proposals,
                     decision: None,
                 });
+                Change::Plan
             }
             EventBody::PlanDecision(p) => {
                 if let Some(plan) = self.plan.as_mut().filter(|pl| pl.id == p.plan_id) {
@@ -320,8 +384,12 @@ impl RunView {
                         seq: e.seq,
                     });
                 }
+                Change::Plan
             }
-            EventBody::CompactionStart(_) => self.compaction.active = true,
+            EventBody::CompactionStart(_) => {
+                self.compaction.active = true;
+                Change::Compaction
+            }
             EventBody::CompactionEnd(p) => {
                 let c = &mut self.compaction;
                 c.active = false;
@@ -335,8 +403,9 @@ impl RunView {
                     reason: p.reason.clone(),
                     seq: e.seq,
                 });
+                Change::Compaction
             }
-            EventBody::Custom { .. } => {}
+            EventBody::Custom { .. } => Change::Nothing,
         }
     }
 
@@ -378,6 +447,7 @@ impl RunView {
                 let m = &mut self.messages[i];
                 m.status = MessageStatus::Interrupted;
                 m.ended_seq = Some(seq);
+                self.interrupted.0.push(i);
             }
         }
         let scopes: Vec<String> = self.running_tools.keys().filter(|s| in_scope(s)).cloned().collect();
@@ -386,8 +456,15 @@ impl RunView {
                 let t = &mut self.tools[i];
                 t.status = ToolStatus::Interrupted;
                 t.ended_seq = Some(seq);
+                self.interrupted.1.push(i);
             }
         }
+    }
+
+    /// Messages and tool calls (indexes) the latest terminal lifecycle event
+    /// interrupted; empty after any other lifecycle event.
+    pub fn interrupted(&self) -> (&[usize], &[usize]) {
+        (&self.interrupted.0, &self.interrupted.1)
     }
 
     /// The run's own lifecycle state.

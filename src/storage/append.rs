@@ -23,7 +23,7 @@ use serde::Serialize;
 use ulid::Ulid;
 
 use super::db::{tenant_tx, Db};
-use super::events::stream_after;
+use super::events::{stream_after, ALL_EVENTS};
 use super::runs::{parse_run_id, run_not_found};
 use crate::domain::{Batch, NewEvent, Origin, Resolution, RunGuard};
 use crate::error::{Error, ErrorCode, Rejection, Result};
@@ -275,7 +275,7 @@ async fn rebuild_guard(
     run_id: &str,
 ) -> Result<RunGuard> {
     let mut guard = RunGuard::new();
-    let events = stream_after(tx, tenant, run_id, 0).await?;
+    let events = stream_after(tx, tenant, run_id, 0, i64::MAX, &ALL_EVENTS).await?;
     futures::pin_mut!(events);
     while let Some(e) = events.try_next().await? {
         guard.apply(e.seq, e.child_id.as_deref(), &e.body, Origin::Service).map_err(|r| {

@@ -41,6 +41,9 @@ pub struct Filter {
     pub child_id: Option<String>,
 }
 
+/// The filter that keeps every event.
+pub static ALL_EVENTS: Filter = Filter { types: None, child_id: None };
+
 /// Up to `limit` events of a run after `after_seq` that pass `filter`. The caller has
 /// scoped the transaction to the tenant.
 pub async fn read_after<C: GenericClient>(
@@ -65,20 +68,27 @@ pub async fn read_after<C: GenericClient>(
     rows.iter().map(event_from_row).collect()
 }
 
-/// Every event of a run after `after_seq`, streamed row by row (constant memory).
+/// Every event of a run with `after_seq < seq <= upto` that passes `filter`, streamed
+/// row by row (constant memory).
 pub async fn stream_after<'a, C: GenericClient>(
     c: &'a C,
     tenant: &'a str,
     run_id: &'a str,
     after_seq: i64,
+    upto: i64,
+    filter: &'a Filter,
 ) -> Result<impl Stream<Item = Result<Event>> + 'a> {
     let stmt = c
         .prepare_cached(&format!(
             "SELECT {EVENT_COLUMNS} FROM agent_run_events
-             WHERE tenant_id = $1 AND run_id = $2 AND seq > $3 ORDER BY seq"
+             WHERE tenant_id = $1 AND run_id = $2 AND seq > $3 AND seq <= $4
+               AND ($5::text[] IS NULL OR type = ANY($5))
+               AND ($6::text IS NULL OR child_id = $6)
+             ORDER BY seq"
         ))
         .await?;
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&tenant, &run_id, &after_seq];
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+        [&tenant, &run_id, &after_seq, &upto, &filter.types, &filter.child_id];
     let rows = c.query_raw(&stmt, params).await?;
     Ok(rows.map_err(Error::from).map(|r| r.and_then(|row| event_from_row(&row))))
 }

@@ -159,3 +159,46 @@ pub async fn list_runs(db: &Db, tenant: &str, q: &RunQuery) -> Result<Vec<RunInf
     tx.commit().await?;
     Ok(rows.iter().map(run_from_row).collect())
 }
+
+/// The tenant's runs whose row changed at or after `since`, oldest change first, and
+/// the database's clock (the next `since`).
+pub async fn changed_since(
+    db: &Db,
+    tenant: &str,
+    since: DateTime<Utc>,
+) -> Result<(Vec<RunInfo>, DateTime<Utc>)> {
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    let rows = tx
+        .query(
+            &format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1 AND updated_at >= $2
+                 ORDER BY updated_at, run_id"
+            ),
+            &[&tenant, &since],
+        )
+        .await?;
+    let now: DateTime<Utc> = tx.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
+    tx.commit().await?;
+    Ok((rows.iter().map(run_from_row).collect(), now))
+}
+
+/// The tenant's runs that can still change (not in a terminal state) or changed in the
+/// last `recent_secs` seconds, with the database's clock.
+pub async fn open_runs(db: &Db, tenant: &str, recent_secs: f64) -> Result<(Vec<RunInfo>, DateTime<Utc>)> {
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    let now: DateTime<Utc> = tx.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
+    let rows = tx
+        .query(
+            &format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1
+                   AND (state IS NULL OR state NOT IN ('done', 'aborted', 'error')
+                        OR updated_at >= clock_timestamp() - make_interval(secs => $2))"
+            ),
+            &[&tenant, &recent_secs],
+        )
+        .await?;
+    tx.commit().await?;
+    Ok((rows.iter().map(run_from_row).collect(), now))
+}

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use futures::TryStreamExt;
 
 use super::db::{tenant_tx, Db};
-use super::events::stream_after;
+use super::events::{stream_after, ALL_EVENTS};
 use super::runs::{get_run_in, RunInfo};
 use crate::error::Result;
 use crate::projection::RunView;
@@ -64,7 +64,7 @@ pub async fn load_view(
     let mut view = cached.take().unwrap_or_default();
     if view.seq < run.last_seq {
         let v = Arc::make_mut(&mut view);
-        let events = stream_after(&tx, tenant, &run.run_id, v.seq).await?;
+        let events = stream_after(&tx, tenant, &run.run_id, v.seq, i64::MAX, &ALL_EVENTS).await?;
         futures::pin_mut!(events);
         let mut n = 0;
         while let Some(e) = events.try_next().await? {
@@ -75,5 +75,22 @@ pub async fn load_view(
     }
     tx.commit().await?;
     *cached = Some(view.clone());
+    Ok((run, view))
+}
+
+/// The run's views at exactly `upto` (a seq it has reached), folded from the log.
+pub async fn view_at(db: &Db, tenant: &str, run_id: &str, upto: i64) -> Result<(RunInfo, RunView)> {
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    let run = get_run_in(&tx, tenant, run_id).await?;
+    let mut view = RunView::new();
+    {
+        let events = stream_after(&tx, tenant, &run.run_id, 0, upto, &ALL_EVENTS).await?;
+        futures::pin_mut!(events);
+        while let Some(e) = events.try_next().await? {
+            view.apply(&e);
+        }
+    }
+    tx.commit().await?;
     Ok((run, view))
 }

@@ -435,6 +435,152 @@ mod graphql_ws {
         }
     }
 
+    const MESSAGE: &str = "id childId role status blocks { kind text callId } text reasoning stopReason implicit startedSeq endedSeq";
+    const TOOL: &str = "callId childId tool input skillId status progressCount lastProgress output error durationMs blobRef messageId startedSeq endedSeq";
+    const PLAN: &str = "id childId steps { id title intent estTools estCostUsd } estTotalCostUsd proposedSeq proposals decision { decision reason decidedBy seq }";
+    const TRANSITION: &str = "seq ts childId from to reason";
+    const STEP: &str = "seq ts childId stepIndex stepKind checkpointId openMessageIds";
+    const CHILD: &str = "childId parentChildId prompt toolsAllowed state spawnedSeq children";
+    const COMPACTION: &str =
+        "active count tokensRemovedTotal last { removed kept tokensRemoved tokensKept reason seq }";
+
+    fn run_view_subscription() -> String {
+        let view = crate::projection::VIEW_FIELDS;
+        format!(
+            "subscription($run: ID!, $after: Int, $snap: Boolean!) {{ runView(runId: $run, afterSeq: $after, snapshot: $snap) {{
+               seq kind view {{ {view} }} message {{ {MESSAGE} }} tool {{ {TOOL} }} plan {{ {PLAN} }}
+               transition {{ {TRANSITION} }} runState step {{ {STEP} }} child {{ {CHILD} }} compaction {{ {COMPACTION} }} }} }}"
+        )
+    }
+
+    /// A client's fold of `runView` updates, by the rules in the schema's docs.
+    fn client_apply(view: &mut Value, u: &Value) {
+        let upsert = |list: &mut Value, item: &Value, keys: &[&str]| {
+            let list = list.as_array_mut().expect("list");
+            match list.iter_mut().find(|x| keys.iter().all(|k| x[*k] == item[*k])) {
+                Some(x) => *x = item.clone(),
+                None => list.push(item.clone()),
+            }
+        };
+        match u["kind"].as_str().expect("kind") {
+            "SNAPSHOT" => *view = u["view"].clone(),
+            "MESSAGE" => upsert(&mut view["messages"], &u["message"], &["childId", "id"]),
+            "TOOL" => upsert(&mut view["tools"], &u["tool"], &["childId", "callId"]),
+            "CHILD" => upsert(&mut view["children"], &u["child"], &["childId"]),
+            "TRANSITION" => {
+                view["lifecycle"]["transitions"]
+                    .as_array_mut()
+                    .expect("transitions")
+                    .push(u["transition"].clone());
+                view["lifecycle"]["state"] = u["runState"].clone();
+            }
+            "STEP" => view["steps"].as_array_mut().expect("steps").push(u["step"].clone()),
+            "PLAN" => view["plan"] = u["plan"].clone(),
+            "COMPACTION" => view["compaction"] = u["compaction"].clone(),
+            "SEQ" => {}
+            other => panic!("unknown update kind {other}"),
+        }
+        view["seq"] = u["seq"].clone();
+    }
+
+    async fn query_view(t: &TestApp, run: &str) -> Value {
+        let q =
+            format!("query($id: ID!) {{ run(id: $id) {{ view {{ {} }} }} }}", crate::projection::VIEW_FIELDS);
+        let v = t.graphql(Some(&t.key_a), &q, json!({"id": run})).await;
+        assert!(v.get("errors").is_none(), "{v}");
+        v["data"]["run"]["view"].clone()
+    }
+
+    #[tokio::test]
+    async fn run_view_updates_fold_to_the_run_query_with_and_without_a_snapshot() {
+        let t = TestApp::new().await;
+        let mut events = agent_stream::testkit::generated_run_mix(11, 160, 40);
+        let ends = |e: &Value| {
+            e["type"] == "run.lifecycle"
+                && e.get("child_id").is_none()
+                && matches!(e["payload"]["state"].as_str(), Some("done" | "aborted" | "error"))
+        };
+        match events.iter().position(ends) {
+            Some(end) => events.truncate(end + 1),
+            None => events.push(json!({"type": "run.lifecycle", "payload": {"state": "aborted"}})),
+        }
+        let run = t.create_run(&t.key_a).await;
+        let half = events.len() / 2;
+        let (_, mid) = t.append_ok(&t.key_a, &run, Value::Array(events[..half].to_vec())).await;
+        let mut empty = query_view(&t, &t.create_run(&t.key_a).await).await;
+        let mut ws = connect(&t, "graphql-transport-ws", &t.key_a).await;
+        assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack");
+        // Subscription 1: a snapshot at mid - 10, then updates. Subscription 2: no
+        // snapshot, from the start, folded over the empty view.
+        let q = run_view_subscription();
+        send(&mut ws, json!({"id": "1", "type": "subscribe", "payload": {"query": q, "variables": {"run": run, "after": mid - 10, "snap": true}}})).await;
+        send(&mut ws, json!({"id": "2", "type": "subscribe", "payload": {"query": q, "variables": {"run": run, "snap": false}}})).await;
+        for chunk in events[half..].chunks(9) {
+            t.append_ok(&t.key_a, &run, Value::Array(chunk.to_vec())).await;
+        }
+        let mut snap = json!(null);
+        let (mut open, mut updates) = (2, 0);
+        while open > 0 {
+            let m = recv(&mut ws).await.expect("message");
+            match m["type"].as_str() {
+                Some("complete") => open -= 1,
+                Some("next") => {
+                    assert!(m["payload"].get("errors").is_none(), "{m}");
+                    let u = &m["payload"]["data"]["runView"];
+                    if m["id"] == "1" {
+                        if snap.is_null() {
+                            assert_eq!(
+                                (u["kind"].as_str(), u["seq"].as_i64()),
+                                (Some("SNAPSHOT"), Some(mid - 10))
+                            );
+                        }
+                        client_apply(&mut snap, u);
+                    } else {
+                        updates += 1;
+                        client_apply(&mut empty, u);
+                    }
+                }
+                _ => panic!("unexpected {m}"),
+            }
+        }
+        let want = query_view(&t, &run).await;
+        assert_eq!(snap, want, "snapshot + updates");
+        assert_eq!(empty, want, "updates from seq 0");
+        assert!(updates >= events.len(), "every event made at least one update ({updates})");
+        assert!(matches!(want["lifecycle"]["state"].as_str(), Some("DONE" | "ABORTED" | "ERROR")));
+    }
+
+    #[tokio::test]
+    async fn runs_activity_reports_created_runs_and_state_changes_of_its_tenant_only() {
+        let t = TestApp::new().await;
+        let old = t.create_run(&t.key_a).await;
+        let mut ws = connect(&t, "graphql-transport-ws", &t.key_a).await;
+        assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack");
+        let q = "subscription { runsActivity { kind run { id state } } }";
+        send(&mut ws, json!({"id": "1", "type": "subscribe", "payload": {"query": q}})).await;
+        // The subscription takes its starting point before it answers anything.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        async fn next(ws: &mut Ws) -> (String, Value, Value) {
+            let m = recv(ws).await.expect("activity");
+            assert_eq!(m["type"], "next", "{m}");
+            let a = &m["payload"]["data"]["runsActivity"];
+            (a["kind"].as_str().unwrap_or("?").to_owned(), a["run"]["id"].clone(), a["run"]["state"].clone())
+        }
+        let _other_tenant = t.create_run(&t.key_b).await;
+        let run = t.create_run(&t.key_a).await;
+        assert_eq!(next(&mut ws).await, ("CREATED".into(), json!(run), Value::Null));
+        t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}]))
+            .await;
+        assert_eq!(next(&mut ws).await, ("STATE_CHANGED".into(), json!(run), json!("RUNNING")));
+        // Content without a state change is not activity; the next item is `old`'s.
+        t.append_ok(&t.key_a, &run, json!([delta("no state change")])).await;
+        t.append_ok(&t.key_a, &old, json!([{"type": "run.lifecycle", "payload": {"state": "planning"}}]))
+            .await;
+        assert_eq!(next(&mut ws).await, ("STATE_CHANGED".into(), json!(old), json!("PLANNING")));
+        t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "done"}}])).await;
+        assert_eq!(next(&mut ws).await, ("STATE_CHANGED".into(), json!(run), json!("DONE")));
+    }
+
     #[tokio::test]
     async fn a_bad_key_in_connection_init_closes_the_socket() {
         let t = TestApp::new().await;
@@ -650,4 +796,53 @@ async fn a_subscriber_moved_to_another_instance_mid_stream_loses_and_repeats_not
         received.push(f.id.expect("id"));
     }
     assert_exactly_once(sent, &received);
+}
+
+#[tokio::test]
+async fn a_client_that_cannot_keep_up_loses_reasoning_then_text_never_control_events() {
+    use agent_stream::app::{Settings, Shedding};
+    let settings =
+        Settings { shedding: Shedding { reasoning_behind: 50, text_behind: 400 }, ..Default::default() };
+    let t = TestApp::with_settings(settings).await;
+    let run = running_run(&t).await;
+    let mut sse = SseReader::new(open(&t, &t.base, &run, None, "").await);
+    assert_eq!(sse.next().await.expect("first frame").id, Some(1));
+    // The client stops reading while ~26 MB of deltas commit: its socket fills up.
+    let big = "x".repeat(4096);
+    let (batches, per_batch) = (300, 22);
+    for b in 0..batches {
+        let mut batch = vec![];
+        for i in 0..10 {
+            batch.push(
+                json!({"type": "reasoning.delta", "payload": {"text": big, "message_id": format!("m{b}")}}),
+            );
+            batch.push(json!({"type": "text.delta", "payload": {"text": format!("{i}{big}"), "message_id": format!("m{b}")}}));
+        }
+        batch.push(json!({"type": "tool.start", "payload": {"call_id": format!("c{b}"), "tool": "t"}}));
+        batch.push(json!({"type": "tool.end", "payload": {"call_id": format!("c{b}"), "ok": true}}));
+        t.append_ok(&t.key_a, &run, Value::Array(batch)).await;
+    }
+    let (_, last) =
+        t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "done"}}])).await;
+    assert_eq!(last, 2 + batches * per_batch);
+    let (mut received, mut reasoning, mut text, mut tools) = (1i64, 0, 0, 0);
+    let mut dropped = None;
+    while let Some(f) = sse.next().await {
+        received += 1;
+        match f.event.as_deref() {
+            Some("reasoning.delta") => reasoning += 1,
+            Some("text.delta") => text += 1,
+            Some("tool.start" | "tool.end") => tools += 1,
+            Some("run.lifecycle") => dropped = f.data["payload"]["dropped_count"].as_i64(),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let dropped = dropped.expect("the terminal event carries dropped_count");
+    eprintln!(
+        "sent {last}, received {received}, dropped {dropped} (reasoning kept {reasoning}, text kept {text})"
+    );
+    assert!(dropped > 0, "the slow client lost deltas");
+    assert_eq!(received + dropped, last, "every event is either delivered or counted as dropped");
+    assert_eq!(tools, batches * 2, "control events are never dropped");
+    assert!(reasoning < text, "reasoning goes first: kept {reasoning} reasoning vs {text} text deltas");
 }

@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 
 use crate::common::TestApp;
 
-const VIEW_FIELDS: &str = "
+pub(crate) const VIEW_FIELDS: &str = "
   seq anomalies
   lifecycle { state transitions { seq ts childId from to reason } }
   messages { id childId role status blocks { kind text callId } text reasoning stopReason implicit startedSeq endedSeq }

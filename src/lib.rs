@@ -24,6 +24,7 @@
 
 pub mod app;
 pub mod auth;
+pub mod dialect;
 pub mod domain;
 pub mod error;
 pub mod graphql;

@@ -28,9 +28,11 @@ use serde::Deserialize;
 use super::extract::{Caller, Params};
 use crate::app::AppRef;
 use crate::app::Shedding;
+use crate::dialect::{Class, Encoding, Format, Out, RunCtx};
 use crate::error::{Error, ErrorCode, Result};
-use crate::live::shape::{Aggregator, Frame, WINDOW};
-use crate::live::{is_run_end, Tail};
+use crate::live::shape::{Aggregator, WINDOW};
+use crate::live::Tail;
+use crate::projection::RunView;
 
 /// Keep-alive comment interval (seed 004 §5.1).
 const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -44,9 +46,11 @@ pub(crate) struct StreamParams {
     after_seq: Option<i64>,
     #[serde(default)]
     detail: Option<String>,
+    #[serde(default)]
+    format: Option<String>,
 }
 
-fn resume_point(headers: &HeaderMap, after_seq: Option<i64>) -> Result<i64> {
+pub(super) fn resume_point(headers: &HeaderMap, after_seq: Option<i64>) -> Result<i64> {
     let header = headers.get("last-event-id").map(|v| {
         v.to_str().ok().and_then(|s| s.trim().parse::<i64>().ok()).filter(|n| *n >= 0).ok_or_else(|| {
             Error::reject(
@@ -82,23 +86,51 @@ pub(crate) async fn stream(
             ))
         }
     };
+    let format = Format::parse(p.format.as_deref())?;
     let run = app.run(&who, &run_id).await?;
     if run.state.is_some_and(|s| s.is_terminal()) && run.last_seq <= cursor {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
+    let enc = encoding(&app, &who, &run, format, cursor).await?;
     let shedding = app.settings.shedding;
     let tail = Tail::new(app, who, run.run_id, cursor);
-    let state = Sending::new(tail, raw, shedding);
-    Ok(Sse::new(frames(state))
-        .keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"))
-        .into_response())
+    Ok(sse_response(Sending::new(tail, enc, raw, shedding), format))
 }
 
-/// Where a stream's events come from: a [`Tail`] in service, a channel in tests (so
-/// the pacing can be checked on tokio's paused clock).
-trait Source {
+/// The encoding of `run` in `format` for a stream that starts after `cursor`: dialects
+/// that render from the view continue the fold up to the cursor.
+pub(super) async fn encoding(
+    app: &AppRef,
+    who: &crate::auth::Principal,
+    run: &crate::storage::RunInfo,
+    format: Format,
+    cursor: i64,
+) -> Result<Encoding> {
+    let ctx = RunCtx { run_id: run.run_id.clone(), root_run_id: run.root_run_id.clone() };
+    let mut enc = Encoding::new(format, ctx.clone(), RunView::new());
+    if cursor > 0 && enc.needs_view() {
+        let (_, view) = app.view_at(who, &run.run_id, cursor.min(run.last_seq)).await?;
+        enc = Encoding::new(format, ctx, view);
+    }
+    Ok(enc)
+}
+
+/// The SSE response for a stream, with the dialect's headers.
+pub(super) fn sse_response<S: Source + Send + 'static>(state: Sending<S>, format: Format) -> Response {
+    let mut r = Sse::new(frames(state))
+        .keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"))
+        .into_response();
+    for (k, v) in format.sse_headers() {
+        r.headers_mut().insert(*k, axum::http::HeaderValue::from_static(v));
+    }
+    r
+}
+
+/// Where a stream's events come from: a [`Tail`] when live, a paced reader for
+/// replay, a channel in tests (so the pacing can be checked on tokio's paused clock).
+pub(super) trait Source {
     /// The next events in seq order; `None` at the end.
-    async fn next_batch(&mut self) -> Option<Vec<crate::domain::Event>>;
+    fn next_batch(&mut self) -> impl std::future::Future<Output = Option<Vec<crate::domain::Event>>> + Send;
     /// How far behind the newest committed event the consumer is.
     fn behind(&self) -> i64;
 }
@@ -112,25 +144,33 @@ impl Source for Tail {
     }
 }
 
-struct Sending<S = Tail> {
-    tail: S,
+/// One SSE stream: events from a source, encoded in a dialect, shed under
+/// backpressure, merged per window.
+pub(super) struct Sending<S> {
+    source: S,
+    enc: Encoding,
     agg: Aggregator,
+    /// Opening items still to send (a stream from the start of the run).
+    opening: Vec<Out>,
     /// When the pending merged deltas must go out.
     window_end: Option<tokio::time::Instant>,
-    /// `detail=full`: every event as it is, no merging.
+    /// `detail=full`: every item as it is, no merging.
     raw: bool,
     first: bool,
     ended: bool,
     shedding: Shedding,
-    /// Deltas dropped because the client fell behind (reported in the terminal event).
+    /// Deltas dropped because the client fell behind (reported in the terminal item).
     dropped: u64,
 }
 
 impl<S: Source> Sending<S> {
-    fn new(tail: S, raw: bool, shedding: Shedding) -> Self {
+    pub(super) fn new(source: S, mut enc: Encoding, raw: bool, shedding: Shedding) -> Self {
+        let opening = if enc.view_seq() == 0 { enc.begin() } else { vec![] };
         Sending {
-            tail,
+            source,
+            enc,
             agg: Aggregator::default(),
+            opening,
             window_end: None,
             raw,
             first: true,
@@ -140,14 +180,17 @@ impl<S: Source> Sending<S> {
         }
     }
 
-    /// The next frames to send; `None` ends the stream.
-    async fn next(&mut self) -> Option<Vec<Frame>> {
+    /// The next items to send; `None` ends the stream.
+    async fn next(&mut self) -> Option<Vec<Out>> {
+        if !self.opening.is_empty() {
+            return Some(std::mem::take(&mut self.opening));
+        }
         loop {
             if self.ended {
                 return self.agg.flush().map(|f| vec![f]);
             }
             let batch = match self.window_end {
-                Some(end) => match tokio::time::timeout_at(end, self.tail.next_batch()).await {
+                Some(end) => match tokio::time::timeout_at(end, self.source.next_batch()).await {
                     Ok(b) => b,
                     Err(_) => {
                         // The window closed: the merged deltas go out.
@@ -155,19 +198,27 @@ impl<S: Source> Sending<S> {
                         return self.agg.flush().map(|f| vec![f]);
                     }
                 },
-                None => self.tail.next_batch().await,
+                None => self.source.next_batch().await,
             };
-            let Some(mut batch) = batch else {
+            let Some(batch) = batch else {
                 self.ended = true;
                 continue;
             };
-            self.dropped += shed(&mut batch, self.tail.behind(), self.shedding);
+            let behind = self.source.behind();
+            let mut items = vec![];
+            for e in &batch {
+                items.extend(self.enc.push(e));
+            }
+            self.dropped += shed(&mut items, behind, self.shedding);
             if self.raw {
-                return Some(batch.into_iter().map(|e| Frame { first_seq: e.seq, event: e }).collect());
+                if items.is_empty() {
+                    continue;
+                }
+                return Some(items);
             }
             let mut out = vec![];
-            for e in batch {
-                out.extend(self.agg.push(e));
+            for o in items {
+                out.extend(self.agg.push(&self.enc, o));
             }
             if !self.agg.has_pending() {
                 self.window_end = None;
@@ -182,40 +233,40 @@ impl<S: Source> Sending<S> {
 }
 
 /// Seed 004 R4: a client that falls behind loses reasoning deltas first, then text
-/// deltas; never control events. Returns how many were dropped.
-fn shed(batch: &mut Vec<crate::domain::Event>, behind: i64, s: Shedding) -> u64 {
-    use crate::domain::EventBody::{ReasoningDelta, TextDelta};
+/// deltas; never control items. Returns how many were dropped.
+fn shed(items: &mut Vec<Out>, behind: i64, s: Shedding) -> u64 {
     if behind < s.reasoning_behind {
         return 0;
     }
     let text_too = behind >= s.text_behind;
-    let before = batch.len();
-    batch.retain(|e| match e.body {
-        ReasoningDelta(_) => false,
-        TextDelta(_) => !text_too,
-        _ => true,
+    let before = items.len();
+    items.retain(|o| match o.class {
+        Class::Reasoning => false,
+        Class::Text => !text_too,
+        Class::Control => true,
     });
-    (before - batch.len()) as u64
+    (before - items.len()) as u64
 }
 
-fn frames(state: Sending) -> impl Stream<Item = std::result::Result<SseEvent, Infallible>> {
+fn frames<S: Source + Send + 'static>(
+    state: Sending<S>,
+) -> impl Stream<Item = std::result::Result<SseEvent, Infallible>> {
     futures::stream::unfold(state, |mut s| async move {
-        let frames = s.next().await?;
-        let mut out = Vec::with_capacity(frames.len());
-        for f in frames {
-            let mut sse = SseEvent::default().id(f.event.seq.to_string()).event(f.event.body.type_name());
+        let items = s.next().await?;
+        let mut out = Vec::with_capacity(items.len());
+        for mut o in items {
+            if o.terminal && (s.dropped > 0 || s.enc.format() == Format::Native) {
+                s.enc.annotate_dropped(&mut o, s.dropped);
+            }
+            let mut sse = SseEvent::default().id(o.seq.to_string()).data(o.to_text());
+            if let Some(name) = &o.event {
+                sse = sse.event(name);
+            }
             if s.first {
                 sse = sse.retry(RETRY);
                 s.first = false;
             }
-            let mut json = f.to_json();
-            if is_run_end(&f.event) {
-                json["payload"]["dropped_count"] = s.dropped.into();
-            }
-            match sse.json_data(json) {
-                Ok(e) => out.push(Ok(e)),
-                Err(err) => tracing::error!(error = %err, "encoding an event"),
-            }
+            out.push(Ok(sse));
         }
         Some((futures::stream::iter(out), s))
     })
@@ -244,7 +295,7 @@ mod tests {
     }
 
     /// 1000 deltas, one per millisecond, then a tool call; frames as (first, last seq).
-    async fn shape(raw: bool) -> Vec<Frame> {
+    async fn shape(raw: bool) -> Vec<Out> {
         let mut inputs: Vec<_> =
             (0..1000).map(|i| json!({"type": "text.delta", "payload": {"text": format!("{i},")}})).collect();
         inputs.push(json!({"type": "tool.start", "payload": {"call_id": "c", "tool": "t"}}));
@@ -261,7 +312,8 @@ mod tests {
                 }
             }
         });
-        let mut s = Sending::new(Channel(rx), raw, Shedding::default());
+        let enc = Encoding::new(Format::Native, RunCtx::default(), RunView::new());
+        let mut s = Sending::new(Channel(rx), enc, raw, Shedding::default());
         let mut frames = vec![];
         while let Some(f) = s.next().await {
             frames.extend(f);
@@ -281,25 +333,18 @@ mod tests {
         let mut text = String::new();
         for f in deltas {
             assert_eq!(f.first_seq, next);
-            next = f.event.seq + 1;
-            text.push_str(f.event.body.payload()["text"].as_str().unwrap_or_default());
+            next = f.seq + 1;
+            text.push_str(f.json().and_then(|v| v["payload"]["text"].as_str()).unwrap_or_default());
         }
         assert_eq!(next, 1001);
         assert_eq!(text, (0..1000).map(|i| format!("{i},")).collect::<String>());
-        assert_eq!(
-            frames.last().map(|f| f.event.body.type_name()).as_deref(),
-            Some("tool.start"),
-            "control last, alone"
-        );
+        assert_eq!(frames.last().and_then(|f| f.event.as_deref()), Some("tool.start"), "control last, alone");
     }
 
     #[tokio::test(start_paused = true)]
     async fn detail_full_sends_every_event() {
         let frames = shape(true).await;
         assert_eq!(frames.len(), 1001);
-        assert!(frames
-            .iter()
-            .enumerate()
-            .all(|(i, f)| f.first_seq == i as i64 + 1 && f.event.seq == i as i64 + 1));
+        assert!(frames.iter().enumerate().all(|(i, f)| f.first_seq == i as i64 + 1 && f.seq == i as i64 + 1));
     }
 }

@@ -1,65 +1,20 @@
 //! Throughput shaping (seed 004 §4, R1–R3): consecutive deltas of one message merge
 //! into one frame per window, so a client gets at most about 10 delta frames a second
 //! per run; every other event flushes what is pending and goes out at once, never
-//! merged or delayed. Pure: the caller owns the clock.
+//! merged or delayed. Works on encoded items, so every dialect is shaped alike; the
+//! dialect says which of its items merge. Pure: the caller owns the clock.
 
 use std::time::Duration;
 
-use crate::domain::event::Delta;
-use crate::domain::{Event, EventBody};
+use crate::dialect::{Class, Encoding, Out};
 
 /// How long deltas gather before they go out as one frame (10 frames/s).
 pub const WINDOW: Duration = Duration::from_millis(100);
 
-/// What goes on the wire: one event, or consecutive deltas merged into one whose `seq`
-/// (and SSE id) is the last seq it covers.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Frame {
-    /// The event; for merged deltas, the last one with the concatenated text.
-    pub event: Event,
-    /// The first seq the frame covers (`event.seq` when nothing was merged).
-    pub first_seq: i64,
-}
-
-impl Frame {
-    fn single(event: Event) -> Frame {
-        Frame { first_seq: event.seq, event }
-    }
-
-    /// The envelope as JSON; merged frames also carry `first_seq`, so a client can
-    /// tell a merge from a gap.
-    pub fn to_json(&self) -> serde_json::Value {
-        let mut v = serde_json::to_value(&self.event).unwrap_or_default();
-        if self.first_seq != self.event.seq {
-            v["first_seq"] = self.first_seq.into();
-        }
-        v
-    }
-}
-
-/// Merges deltas between flushes.
+/// Merges consecutive delta items between flushes; the dialect decides what merges.
 #[derive(Default)]
 pub struct Aggregator {
-    pending: Option<Frame>,
-}
-
-fn delta(e: &Event) -> Option<&Delta> {
-    match &e.body {
-        EventBody::TextDelta(d) | EventBody::ReasoningDelta(d) => Some(d),
-        _ => None,
-    }
-}
-
-/// Deltas merge when they would land in the same block: same kind, child and message.
-fn mergeable(a: &Event, b: &Event) -> bool {
-    match (delta(a), delta(b)) {
-        (Some(x), Some(y)) => {
-            std::mem::discriminant(&a.body) == std::mem::discriminant(&b.body)
-                && a.child_id == b.child_id
-                && x.message_id == y.message_id
-        }
-        _ => false,
-    }
+    pending: Option<Out>,
 }
 
 impl Aggregator {
@@ -68,37 +23,26 @@ impl Aggregator {
         self.pending.is_some()
     }
 
-    /// Takes one event; returns the frames to send now, in order.
-    pub fn push(&mut self, e: Event) -> Vec<Frame> {
-        if delta(&e).is_none() {
-            // Control-plane (and custom) events: flush first to keep the order, then
-            // send at once.
-            let mut out: Vec<Frame> = self.flush().into_iter().collect();
-            out.push(Frame::single(e));
+    /// Takes one item; returns the items to send now, in order.
+    pub fn push(&mut self, enc: &Encoding, o: Out) -> Vec<Out> {
+        if o.class == Class::Control {
+            // Control-plane items: flush first to keep the order, then send at once.
+            let mut out: Vec<Out> = self.flush().into_iter().collect();
+            out.push(o);
             return out;
         }
-        match &mut self.pending {
-            Some(p) if mergeable(&p.event, &e) => {
-                let text = delta(&e).map(|d| d.text.clone()).unwrap_or_default();
-                match &mut p.event.body {
-                    EventBody::TextDelta(d) | EventBody::ReasoningDelta(d) => d.text.push_str(&text),
-                    _ => {}
-                }
-                p.event.id = e.id;
-                p.event.ts = e.ts;
-                p.event.seq = e.seq;
-                vec![]
-            }
-            _ => {
-                let out = self.flush().into_iter().collect();
-                self.pending = Some(Frame::single(e));
-                out
+        if let Some(p) = &mut self.pending {
+            if enc.merge(p, &o) {
+                return vec![];
             }
         }
+        let out = self.flush().into_iter().collect();
+        self.pending = Some(o);
+        out
     }
 
     /// The pending merged deltas, if any.
-    pub fn flush(&mut self) -> Option<Frame> {
+    pub fn flush(&mut self) -> Option<Out> {
         self.pending.take()
     }
 }
@@ -106,8 +50,23 @@ impl Aggregator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::{Format, RunCtx};
+    use crate::projection::RunView;
     use crate::testkit::stored;
     use serde_json::json;
+
+    fn frames(events: Vec<crate::domain::Event>) -> Vec<Out> {
+        let mut enc = Encoding::new(Format::Native, RunCtx::default(), RunView::new());
+        let mut agg = Aggregator::default();
+        let mut frames = vec![];
+        for e in events {
+            for o in enc.push(&e) {
+                frames.extend(agg.push(&enc, o));
+            }
+        }
+        frames.extend(agg.flush());
+        frames
+    }
 
     #[test]
     fn deltas_merge_control_events_flush_and_pass() {
@@ -120,16 +79,12 @@ mod tests {
             json!({"type": "text.delta", "payload": {"text": "d"}}),
             json!({"type": "text.delta", "payload": {"text": "e"}}),
         ]);
-        let mut agg = Aggregator::default();
-        let mut frames = vec![];
-        for e in events {
-            frames.extend(agg.push(e));
-        }
-        frames.extend(agg.flush());
+        let frames = frames(events);
         let shape: Vec<(i64, i64, String)> = frames
             .iter()
             .map(|f| {
-                (f.first_seq, f.event.seq, f.event.body.payload()["text"].as_str().unwrap_or("-").to_owned())
+                let text = f.json().and_then(|v| v["payload"]["text"].as_str()).unwrap_or("-").to_owned();
+                (f.first_seq, f.seq, text)
             })
             .collect();
         assert_eq!(
@@ -142,8 +97,9 @@ mod tests {
                 (6, 7, "de".into())
             ]
         );
-        assert_eq!(frames[0].to_json()["first_seq"], 1);
-        assert!(frames[1].to_json().get("first_seq").is_none());
+        assert_eq!(frames[0].json().map(|v| v["first_seq"].clone()), Some(json!(1)));
+        assert_eq!(frames[0].json().map(|v| v["seq"].clone()), Some(json!(2)));
+        assert!(frames[1].json().is_some_and(|v| v.get("first_seq").is_none()));
     }
 
     #[test]
@@ -154,12 +110,6 @@ mod tests {
             json!({"type": "text.delta", "payload": {"text": "b", "message_id": "m2"}}),
             json!({"type": "text.delta", "child_id": "k", "payload": {"text": "c", "message_id": "m2"}}),
         ]);
-        let mut agg = Aggregator::default();
-        let mut n = 0;
-        for e in events {
-            n += agg.push(e).len();
-        }
-        n += agg.flush().into_iter().count();
-        assert_eq!(n, 4);
+        assert_eq!(frames(events).len(), 4);
     }
 }

@@ -25,6 +25,8 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// Origins allowed by CORS; `None` allows any origin (embedded dev default only).
     pub cors_origins: Option<Vec<String>>,
+    /// Largest JSONL file `POST /v1/runs/import` takes, in bytes.
+    pub max_import_bytes: usize,
     /// Live SSE shedding: a client this many events behind the run's newest seq loses
     /// reasoning deltas, and at [`Shedding::text_behind`] text deltas too.
     pub shedding: Shedding,
@@ -50,6 +52,7 @@ impl Default for Settings {
         Settings {
             limits: Default::default(),
             max_body_bytes: 16 << 20,
+            max_import_bytes: 1 << 30,
             cors_origins: Some(vec![]),
             shedding: Shedding::default(),
         }
@@ -107,6 +110,20 @@ impl App {
         who.require(Scope::Write)?;
         let run = runs::create_run(&self.db, &who.tenant_id, parent).await?;
         self.live.committed(&who.tenant_id, &run.run_id, 0);
+        Ok(run)
+    }
+
+    /// Imports an exported run (JSONL) as a new run; every line is checked as an append
+    /// is, and a bad line writes nothing.
+    pub async fn import(&self, who: &Principal, body: &[u8]) -> Result<RunInfo> {
+        who.require(Scope::Write)?;
+        let lines = crate::domain::jsonl::parse_export(body, self.settings.limits).map_err(Error::Rejected)?;
+        let events: Vec<storage::import::Imported> = lines
+            .into_iter()
+            .map(|(line, l)| storage::import::Imported { ts: l.ts, event: l.event, line })
+            .collect();
+        let run = storage::import::import_run(&self.db, &who.tenant_id, &events).await?;
+        self.live.committed(&who.tenant_id, &run.run_id, run.last_seq);
         Ok(run)
     }
 

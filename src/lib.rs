@@ -27,6 +27,7 @@ pub mod auth;
 pub mod dialect;
 pub mod domain;
 pub mod error;
+pub mod export;
 pub mod graphql;
 pub mod http;
 pub mod live;

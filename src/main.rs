@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use agent_stream::app::Settings;
+use agent_stream::app::{App, AppRef, Settings};
 use agent_stream::auth::Scope;
 use agent_stream::domain::Limits;
 use agent_stream::server::{self, Database, DbChoice, ServeOptions};
@@ -90,6 +90,38 @@ enum Command {
     Analyst {
         #[command(subcommand)]
         cmd: AnalystCmd,
+    },
+    /// Write a run's log as JSONL (one event per line), with a progress bar on a terminal.
+    Export {
+        /// The run id.
+        run_id: String,
+        /// File to write [default: standard output].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// First seq to export.
+        #[arg(long)]
+        from_seq: Option<i64>,
+        /// Last seq to export.
+        #[arg(long)]
+        to_seq: Option<i64>,
+        /// Dialect: native, multica, chunks, hier, typed, agui or vercel.
+        #[arg(long, default_value = "native")]
+        format: String,
+        /// API key of the run's tenant (read scope).
+        #[arg(long, env = "AGENT_STREAM_KEY", hide_env_values = true)]
+        key: String,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Import a JSONL export as a new run with the same log; prints the new run id.
+    Import {
+        /// The export file.
+        file: PathBuf,
+        /// API key of the tenant to import into (write scope).
+        #[arg(long, env = "AGENT_STREAM_KEY", hide_env_values = true)]
+        key: String,
+        #[command(flatten)]
+        db: DbArgs,
     },
     /// Print the GraphQL schema (SDL).
     Schema,
@@ -187,6 +219,91 @@ async fn with_owner<T>(
     result
 }
 
+/// Runs a command against the service's own application core (the same code paths as
+/// HTTP), on this machine's database.
+async fn with_app<T>(db: &DbArgs, f: impl AsyncFnOnce(AppRef) -> anyhow::Result<T>) -> anyhow::Result<T> {
+    let database = Database::open(&db.choice()).await?;
+    let result = async {
+        database.migrate().await?;
+        let pool = agent_stream::storage::Db::new(&agent_stream::storage::DbConfig {
+            url: database.url.clone(),
+            schema: db.schema.clone(),
+            max_connections: 4,
+        })?;
+        f(App::new(pool, Settings::default())).await
+    }
+    .await;
+    database.close().await?;
+    result
+}
+
+fn progress(total: u64, what: &str) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    let pb = indicatif::ProgressBar::new(total);
+    if std::io::stderr().is_terminal() {
+        let style = indicatif::ProgressStyle::with_template("{msg} {bar:40} {pos}/{len} ({per_sec}, {eta})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        pb.set_style(style);
+        pb.set_message(what.to_owned());
+    } else {
+        pb.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    pb
+}
+
+async fn cli_export(
+    app: AppRef,
+    key: &str,
+    run_id: &str,
+    opts: agent_stream::export::RunExport,
+    out: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let who = app.authenticate(Some(key)).await?;
+    let run = app.run(&who, run_id).await?;
+    let total = (opts.to_seq.unwrap_or(run.last_seq).min(run.last_seq) - opts.from_seq.unwrap_or(1) + 1).max(0);
+    let pb = progress(total as u64, "exporting");
+    let (tx, mut rx) = tokio::sync::mpsc::channel(agent_stream::export::CHANNEL);
+    let job = tokio::spawn(agent_stream::export::export_run(app, who, run, opts, tx));
+    let mut sink: Box<dyn tokio::io::AsyncWrite + Unpin + Send> = match &out {
+        Some(path) => Box::new(tokio::fs::File::create(path).await?),
+        None => Box::new(tokio::io::stdout()),
+    };
+    while let Some(chunk) = rx.recv().await {
+        sink.write_all(&chunk).await?;
+        pb.inc(chunk.iter().filter(|b| **b == b'\n').count() as u64);
+    }
+    sink.flush().await?;
+    let lines = job.await??;
+    pb.finish_and_clear();
+    eprintln!("exported {lines} lines{}", out.map(|p| format!(" to {}", p.display())).unwrap_or_default());
+    Ok(())
+}
+
+async fn cli_import(app: AppRef, key: &str, file: &std::path::Path) -> anyhow::Result<()> {
+    use tokio::io::AsyncReadExt;
+    let who = app.authenticate(Some(key)).await?;
+    let mut f = tokio::fs::File::open(file).await?;
+    let size = f.metadata().await?.len();
+    let pb = progress(size, "reading");
+    let mut body = Vec::with_capacity(size as usize);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        body.extend_from_slice(&buf[..n]);
+        pb.inc(n as u64);
+    }
+    pb.set_message("importing (checked, then written in one transaction)");
+    let run = app.import(&who, &body).await?;
+    pb.finish_and_clear();
+    eprintln!("imported {} events", run.last_seq);
+    println!("{}", run.run_id);
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     init_tracing();
@@ -264,6 +381,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("created analyst login `{role}` for tenant `{tenant}`; see docs/analysts.md");
             Ok(())
         }
+        Command::Export { run_id, out, from_seq, to_seq, format, key, db } => {
+            let format = agent_stream::dialect::Format::parse(Some(&format))?;
+            let opts = agent_stream::export::RunExport { from_seq, to_seq, format, ..Default::default() };
+            opts.check()?;
+            with_app(&db, async |app| cli_export(app, &key, &run_id, opts, out).await).await
+        }
+        Command::Import { file, key, db } => with_app(&db, async |app| cli_import(app, &key, &file).await).await,
         Command::Schema => {
             print!("{}", agent_stream::graphql::sdl());
             Ok(())

@@ -4,6 +4,7 @@
 pub mod event;
 pub mod guard;
 pub mod input;
+pub mod jsonl;
 pub mod lifecycle;
 
 pub use event::{Event, EventBody};

@@ -112,6 +112,9 @@ pub struct GqlEvent {
     child_id: Option<String>,
     /// Type-specific payload.
     payload: Value,
+    /// With `runEvents(format:)` other than native: the items this event became in
+    /// that dialect, in order (possibly none); null otherwise.
+    pub(super) encoded: Option<Vec<Value>>,
 }
 
 impl From<Event> for GqlEvent {
@@ -124,6 +127,7 @@ impl From<Event> for GqlEvent {
             run_id: ID(e.run_id),
             child_id: e.child_id,
             payload: e.body.payload(),
+            encoded: None,
         }
     }
 }

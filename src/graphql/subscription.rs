@@ -12,7 +12,9 @@ use super::schema::{app, caller, GqlEvent};
 use crate::error::{Error, ErrorCode};
 use crate::live::activity::{self, ActivityKind};
 use crate::live::Tail;
+use crate::dialect::{Encoding, Format, RunCtx};
 use crate::projection::{updates, ViewUpdate};
+use serde_json::Value;
 
 /// A run that was created or changed state (an item of `runsActivity`).
 #[derive(async_graphql::SimpleObject)]
@@ -54,19 +56,41 @@ impl Subscription {
         after_seq: Option<i64>,
         #[graphql(desc = "Only these event types.")] types: Option<Vec<String>>,
         #[graphql(desc = "Only this child's events.")] child_id: Option<String>,
+        #[graphql(desc = "A dialect (native, multica, chunks, hier, typed, agui, vercel): each event also \
+                          carries what it became in it, in `encoded`.")]
+        format: Option<String>,
     ) -> async_graphql::Result<impl Stream<Item = GqlEvent>> {
         let app = app(ctx)?.clone();
         let who = caller(ctx)?.clone();
         let after = cursor(after_seq)?;
+        let format = Format::parse(format.as_deref()).gql()?;
         let run = app.run(&who, &run_id).await.gql()?;
+        let mut enc = match format {
+            Format::Native => None,
+            f => {
+                let ctx = RunCtx { run_id: run.run_id.clone(), root_run_id: run.root_run_id.clone() };
+                let view = if after > 0 { app.view_at(&who, &run.run_id, after.min(run.last_seq)).await.gql()?.1 } else { Default::default() };
+                Some(Encoding::new(f, ctx, view))
+            }
+        };
+        let mut opening: Vec<Value> =
+            enc.as_mut().map(|e| e.begin().iter().filter_map(|o| o.json().cloned()).collect()).unwrap_or_default();
         let events = batches(Tail::new(app, who, run.run_id, after))
             .flat_map(futures::stream::iter)
-            .filter(move |e| {
+            .filter_map(move |e| {
+                let encoded = enc.as_mut().map(|enc| {
+                    let mut items = std::mem::take(&mut opening);
+                    items.extend(enc.push(&e).iter().filter_map(|o| o.json().cloned()));
+                    items
+                });
                 let keep = types.as_ref().is_none_or(|ts| ts.iter().any(|t| *t == e.body.type_name()))
                     && child_id.as_ref().is_none_or(|c| e.child_id.as_ref() == Some(c));
-                futures::future::ready(keep)
-            })
-            .map(GqlEvent::from);
+                futures::future::ready(keep.then(|| {
+                    let mut g = GqlEvent::from(e);
+                    g.encoded = encoded;
+                    g
+                }))
+            });
         Ok(events)
     }
 

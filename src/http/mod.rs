@@ -2,6 +2,8 @@
 
 pub mod error;
 pub mod extract;
+mod jsonl;
+mod replay;
 mod runs;
 mod stream;
 
@@ -30,6 +32,10 @@ pub fn router(app: AppRef) -> Router {
         .route("/v1/runs/{run_id}/events", post(runs::append).get(runs::list))
         .route("/v1/runs/{run_id}/view", get(runs::view))
         .route("/v1/runs/{run_id}/stream", get(stream::stream))
+        .route("/v1/runs/{run_id}/replay", get(replay::replay))
+        .route("/v1/runs/{run_id}/events.jsonl", get(jsonl::export))
+        .route("/v1/runs/import", post(jsonl::import))
+        .route("/v1/events.jsonl", get(jsonl::export_all))
         .merge(crate::graphql::routes())
         .fallback(|| async { Error::reject(ErrorCode::NotFound, "no such route; see the README for the API") })
         .with_state(app)

@@ -288,7 +288,7 @@ async fn rebuild_guard(
 /// ULIDs for a batch at time `now`, strictly increasing and above the run's last id, so
 /// ids are monotonic per run even when two appends share a millisecond or the clock
 /// steps back.
-fn next_ids(last: Option<Ulid>, now: DateTime<Utc>, n: usize) -> Vec<Ulid> {
+pub(crate) fn next_ids(last: Option<Ulid>, now: DateTime<Utc>, n: usize) -> Vec<Ulid> {
     let ms = u64::try_from(now.timestamp_millis()).unwrap_or(0);
     let mut out = Vec::with_capacity(n);
     let mut prev = last;

@@ -92,3 +92,117 @@ pub async fn stream_after<'a, C: GenericClient>(
     let rows = c.query_raw(&stmt, params).await?;
     Ok(rows.map_err(Error::from).map(|r| r.and_then(|row| event_from_row(&row))))
 }
+
+/// A stored event as the database returns it, payload still JSON text: the export's
+/// row, turned into a line without parsing and re-encoding the payload.
+#[derive(Debug, Clone)]
+pub struct RawEvent {
+    /// Per-run seq.
+    pub seq: i64,
+    /// ULID text.
+    pub id: String,
+    /// Server time.
+    pub ts: chrono::DateTime<chrono::Utc>,
+    /// Wire type.
+    pub type_name: String,
+    /// Child scope.
+    pub child_id: Option<String>,
+    /// Payload as JSON text.
+    pub payload: String,
+    /// The run.
+    pub run_id: String,
+}
+
+impl RawEvent {
+    /// Appends the native JSONL line (the envelope of [`Event`], payload verbatim).
+    pub fn write_line(&self, out: &mut Vec<u8>) {
+        use std::io::Write;
+        let s = |v: &str| serde_json::to_string(v).unwrap_or_default();
+        let child = self.child_id.as_deref().map_or_else(|| "null".to_owned(), s);
+        let _ = writeln!(
+            out,
+            r#"{{"id":{},"ts":"{}","type":{},"run_id":{},"child_id":{},"seq":{},"payload":{}}}"#,
+            s(&self.id),
+            self.ts.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            s(&self.type_name),
+            s(&self.run_id),
+            child,
+            self.seq,
+            self.payload
+        );
+    }
+
+    /// Parses it into an [`Event`].
+    pub fn parse(&self) -> Result<Event> {
+        let payload: serde_json::Value = serde_json::from_str(&self.payload)
+            .map_err(|e| Error::Internal(anyhow::anyhow!("stored payload does not parse: {e}")))?;
+        let body = EventBody::parse(&self.type_name, payload)
+            .map_err(|e| Error::Internal(anyhow::anyhow!("stored event does not parse: {e}")))?;
+        Ok(Event {
+            seq: self.seq,
+            id: Ulid::from_string(&self.id)
+                .map_err(|e| Error::Internal(anyhow::anyhow!("stored id {}: {e}", self.id)))?,
+            ts: self.ts,
+            child_id: self.child_id.clone(),
+            run_id: self.run_id.clone(),
+            body,
+        })
+    }
+}
+
+const RAW_COLUMNS: &str = "seq, id, ts, type, child_id, payload::text, run_id";
+
+fn raw_from_row(r: &Row) -> RawEvent {
+    RawEvent {
+        seq: r.get(0),
+        id: r.get(1),
+        ts: r.get(2),
+        type_name: r.get(3),
+        child_id: r.get(4),
+        payload: r.get(5),
+        run_id: r.get(6),
+    }
+}
+
+/// [`stream_after`], with payloads as text.
+pub async fn stream_raw<'a, C: GenericClient>(
+    c: &'a C,
+    tenant: &'a str,
+    run_id: &'a str,
+    after_seq: i64,
+    upto: i64,
+    filter: &'a Filter,
+) -> Result<impl Stream<Item = Result<RawEvent>> + 'a> {
+    let stmt = c
+        .prepare_cached(&format!(
+            "SELECT {RAW_COLUMNS} FROM agent_run_events
+             WHERE tenant_id = $1 AND run_id = $2 AND seq > $3 AND seq <= $4
+               AND ($5::text[] IS NULL OR type = ANY($5))
+               AND ($6::text IS NULL OR child_id = $6)
+             ORDER BY seq"
+        ))
+        .await?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+        [&tenant, &run_id, &after_seq, &upto, &filter.types, &filter.child_id];
+    let rows = c.query_raw(&stmt, params).await?;
+    Ok(rows.map_err(Error::from).map_ok(|row| raw_from_row(&row)))
+}
+
+/// Every event of the tenant stored in `[since, until)`, by run and seq (backups and
+/// analysts), payloads as text.
+pub async fn stream_tenant_raw<'a, C: GenericClient>(
+    c: &'a C,
+    tenant: &'a str,
+    since: &'a chrono::DateTime<chrono::Utc>,
+    until: &'a chrono::DateTime<chrono::Utc>,
+) -> Result<impl Stream<Item = Result<RawEvent>> + 'a> {
+    let stmt = c
+        .prepare_cached(&format!(
+            "SELECT {RAW_COLUMNS} FROM agent_run_events
+             WHERE tenant_id = $1 AND ts >= $2 AND ts < $3 ORDER BY run_id, seq"
+        ))
+        .await?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&tenant, since, until];
+    let rows = c.query_raw(&stmt, params).await?;
+    Ok(rows.map_err(Error::from).map_ok(|row| raw_from_row(&row)))
+}

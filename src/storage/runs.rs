@@ -68,9 +68,20 @@ fn truncate(s: &str) -> String {
 
 /// Creates a run, optionally under `parent_run_id` (which must belong to the tenant).
 pub async fn create_run(db: &Db, tenant: &str, parent_run_id: Option<&str>) -> Result<RunInfo> {
-    let parent = parent_run_id.map(parse_run_id).transpose()?;
     let mut client = db.pool.get().await?;
     let tx = tenant_tx(&mut client, tenant).await?;
+    let run = insert_run(&tx, tenant, parent_run_id).await?;
+    tx.commit().await?;
+    Ok(run)
+}
+
+/// [`create_run`] inside a transaction already scoped to the tenant.
+pub async fn insert_run(
+    tx: &deadpool_postgres::Transaction<'_>,
+    tenant: &str,
+    parent_run_id: Option<&str>,
+) -> Result<RunInfo> {
+    let parent = parent_run_id.map(parse_run_id).transpose()?;
     let root = match &parent {
         Some(p) => {
             let row = tx
@@ -94,7 +105,6 @@ pub async fn create_run(db: &Db, tenant: &str, parent_run_id: Option<&str>) -> R
             &[&tenant, &run_id, &parent, &root],
         )
         .await?;
-    tx.commit().await?;
     Ok(run_from_row(&row))
 }
 

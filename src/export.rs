@@ -1,0 +1,178 @@
+//! JSONL export: a run's log (or a tenant's, for backups) as one line per item,
+//! streamed from PostgreSQL with constant memory.
+//!
+//! Rows are read through the one read path (`storage::events`) inside one
+//! tenant-scoped transaction and written in chunks of [`CHUNK`] bytes to a bounded
+//! channel, so a slow reader slows the query instead of filling memory. Native lines
+//! are the stored envelope with the payload passed through as stored; other dialects
+//! fold and encode every event of the range through [`Encoding`], so an export in any
+//! dialect is the same items the stream sends.
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
+use tokio::sync::mpsc;
+
+use crate::app::AppRef;
+use crate::auth::{Principal, Scope};
+use crate::dialect::{Encoding, Format, RunCtx};
+use crate::error::{Error, ErrorCode, Result};
+use crate::storage::db::tenant_tx;
+use crate::storage::events::{stream_raw, stream_tenant_raw, Filter, ALL_EVENTS};
+use crate::storage::RunInfo;
+
+/// Bytes gathered before a chunk goes out.
+const CHUNK: usize = 64 << 10;
+/// Chunks in flight between the query and the reader.
+pub const CHANNEL: usize = 8;
+
+/// What to export of a run.
+#[derive(Debug, Clone, Default)]
+pub struct RunExport {
+    /// First seq (inclusive; 1 when absent).
+    pub from_seq: Option<i64>,
+    /// Last seq (inclusive; the end of the log when absent).
+    pub to_seq: Option<i64>,
+    /// Types and child to keep.
+    pub filter: Filter,
+    /// The dialect.
+    pub format: Format,
+}
+
+impl RunExport {
+    /// Checks the range: `from_seq` ≥ 1, `to_seq` ≥ `from_seq`.
+    pub fn check(&self) -> Result<()> {
+        let bad = |m: &str| Err(Error::reject(ErrorCode::InvalidParameter, m));
+        match (self.from_seq, self.to_seq) {
+            (Some(f), _) if f < 1 => bad("`from_seq` must be 1 or more"),
+            (_, Some(t)) if t < 1 => bad("`to_seq` must be 1 or more"),
+            (Some(f), Some(t)) if t < f => bad("`to_seq` must not be less than `from_seq`"),
+            _ => Ok(()),
+        }
+    }
+}
+
+struct Writer {
+    buf: Vec<u8>,
+    tx: mpsc::Sender<Bytes>,
+    lines: u64,
+}
+
+impl Writer {
+    fn new(tx: mpsc::Sender<Bytes>) -> Self {
+        Writer { buf: Vec::with_capacity(CHUNK + 4096), tx, lines: 0 }
+    }
+
+    /// Sends the buffer once it is full; `Err` when the reader went away.
+    async fn maybe_flush(&mut self) -> Result<()> {
+        if self.buf.len() >= CHUNK {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK + 4096)));
+        self.tx.send(chunk).await.map_err(|_| Error::Internal(anyhow::anyhow!("export reader went away")))
+    }
+}
+
+/// Writes the run's lines to `tx`; returns how many lines were written.
+pub async fn export_run(
+    app: AppRef,
+    who: Principal,
+    run: RunInfo,
+    opts: RunExport,
+    tx: mpsc::Sender<Bytes>,
+) -> Result<u64> {
+    who.require(Scope::Read)?;
+    let after = opts.from_seq.unwrap_or(1) - 1;
+    let upto = opts.to_seq.unwrap_or(i64::MAX);
+    let mut w = Writer::new(tx);
+    let mut enc = if opts.format == Format::Native {
+        None
+    } else {
+        let ctx = RunCtx { run_id: run.run_id.clone(), root_run_id: run.root_run_id.clone() };
+        let view = if after > 0 { app.view_at(&who, &run.run_id, after.min(run.last_seq)).await?.1 } else { Default::default() };
+        Some(Encoding::new(opts.format, ctx, view))
+    };
+    let mut client = app.db.pool.get().await?;
+    let t = tenant_tx(&mut client, &who.tenant_id).await?;
+    // The query lives as long as the reader takes; the pool's 30 s cap is for requests.
+    t.batch_execute("SET LOCAL statement_timeout = 0").await?;
+    // Dialects fold every event of the range; the filter then picks what is written.
+    let sql_filter = if enc.is_some() { &ALL_EVENTS } else { &opts.filter };
+    if let Some(enc) = enc.as_mut().filter(|_| after == 0) {
+        for o in enc.begin() {
+            write_item(&mut w, &o);
+        }
+    }
+    {
+    let rows = stream_raw(&t, &who.tenant_id, &run.run_id, after, upto, sql_filter).await?;
+    futures::pin_mut!(rows);
+    while let Some(raw) = rows.try_next().await? {
+        match enc.as_mut() {
+            None => {
+                raw.write_line(&mut w.buf);
+                w.lines += 1;
+            }
+            Some(enc) => {
+                let e = raw.parse()?;
+                let items = enc.push(&e);
+                let keep = opts.filter.types.as_ref().is_none_or(|ts| ts.iter().any(|t| *t == raw.type_name))
+                    && opts.filter.child_id.as_ref().is_none_or(|c| e.child_id.as_ref() == Some(c));
+                if keep {
+                    for o in &items {
+                        write_item(&mut w, o);
+                    }
+                }
+            }
+        }
+        w.maybe_flush().await?;
+    }
+    }
+    t.commit().await?;
+    w.flush().await?;
+    Ok(w.lines)
+}
+
+fn write_item(w: &mut Writer, o: &crate::dialect::Out) {
+    // JSONL carries JSON items only (the AI SDK's `[DONE]` marker is an SSE thing).
+    if let Some(v) = o.json() {
+        if serde_json::to_writer(&mut w.buf, v).is_ok() {
+            w.buf.push(b'\n');
+            w.lines += 1;
+        }
+    }
+}
+
+/// Writes every event the tenant stored in `[since, until)` to `tx`, by run and seq.
+pub async fn export_tenant(
+    app: AppRef,
+    who: Principal,
+    since: DateTime<Utc>,
+    until: DateTime<Utc>,
+    tx: mpsc::Sender<Bytes>,
+) -> Result<u64> {
+    who.require(Scope::Read)?;
+    let mut w = Writer::new(tx);
+    let mut client = app.db.pool.get().await?;
+    let t = tenant_tx(&mut client, &who.tenant_id).await?;
+    // The query lives as long as the reader takes; the pool's 30 s cap is for requests.
+    t.batch_execute("SET LOCAL statement_timeout = 0").await?;
+    {
+        let rows = stream_tenant_raw(&t, &who.tenant_id, &since, &until).await?;
+        futures::pin_mut!(rows);
+        while let Some(raw) = rows.try_next().await? {
+            raw.write_line(&mut w.buf);
+            w.lines += 1;
+            w.maybe_flush().await?;
+        }
+    }
+    t.commit().await?;
+    w.flush().await?;
+    Ok(w.lines)
+}

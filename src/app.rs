@@ -117,7 +117,8 @@ impl App {
     /// is, and a bad line writes nothing.
     pub async fn import(&self, who: &Principal, body: &[u8]) -> Result<RunInfo> {
         who.require(Scope::Write)?;
-        let lines = crate::domain::jsonl::parse_export(body, self.settings.limits).map_err(Error::Rejected)?;
+        let lines =
+            crate::domain::jsonl::parse_export(body, self.settings.limits).map_err(Error::Rejected)?;
         let events: Vec<storage::import::Imported> = lines
             .into_iter()
             .map(|(line, l)| storage::import::Imported { ts: l.ts, event: l.event, line })

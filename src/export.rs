@@ -96,7 +96,11 @@ pub async fn export_run(
         None
     } else {
         let ctx = RunCtx { run_id: run.run_id.clone(), root_run_id: run.root_run_id.clone() };
-        let view = if after > 0 { app.view_at(&who, &run.run_id, after.min(run.last_seq)).await?.1 } else { Default::default() };
+        let view = if after > 0 {
+            app.view_at(&who, &run.run_id, after.min(run.last_seq)).await?.1
+        } else {
+            Default::default()
+        };
         Some(Encoding::new(opts.format, ctx, view))
     };
     let mut client = app.db.pool.get().await?;
@@ -111,28 +115,29 @@ pub async fn export_run(
         }
     }
     {
-    let rows = stream_raw(&t, &who.tenant_id, &run.run_id, after, upto, sql_filter).await?;
-    futures::pin_mut!(rows);
-    while let Some(raw) = rows.try_next().await? {
-        match enc.as_mut() {
-            None => {
-                raw.write_line(&mut w.buf);
-                w.lines += 1;
-            }
-            Some(enc) => {
-                let e = raw.parse()?;
-                let items = enc.push(&e);
-                let keep = opts.filter.types.as_ref().is_none_or(|ts| ts.iter().any(|t| *t == raw.type_name))
-                    && opts.filter.child_id.as_ref().is_none_or(|c| e.child_id.as_ref() == Some(c));
-                if keep {
-                    for o in &items {
-                        write_item(&mut w, o);
+        let rows = stream_raw(&t, &who.tenant_id, &run.run_id, after, upto, sql_filter).await?;
+        futures::pin_mut!(rows);
+        while let Some(raw) = rows.try_next().await? {
+            match enc.as_mut() {
+                None => {
+                    raw.write_line(&mut w.buf);
+                    w.lines += 1;
+                }
+                Some(enc) => {
+                    let e = raw.parse()?;
+                    let items = enc.push(&e);
+                    let keep =
+                        opts.filter.types.as_ref().is_none_or(|ts| ts.contains(&raw.type_name))
+                            && opts.filter.child_id.as_ref().is_none_or(|c| e.child_id.as_ref() == Some(c));
+                    if keep {
+                        for o in &items {
+                            write_item(&mut w, o);
+                        }
                     }
                 }
             }
+            w.maybe_flush().await?;
         }
-        w.maybe_flush().await?;
-    }
     }
     t.commit().await?;
     w.flush().await?;
@@ -153,8 +158,8 @@ fn write_item(w: &mut Writer, o: &crate::dialect::Out) {
 pub async fn export_tenant(
     app: AppRef,
     who: Principal,
-    since: DateTime<Utc>,
-    until: DateTime<Utc>,
+    since: Option<DateTime<Utc>>,
+    until: Option<DateTime<Utc>>,
     tx: mpsc::Sender<Bytes>,
 ) -> Result<u64> {
     who.require(Scope::Read)?;

@@ -261,7 +261,8 @@ async fn cli_export(
     use tokio::io::AsyncWriteExt;
     let who = app.authenticate(Some(key)).await?;
     let run = app.run(&who, run_id).await?;
-    let total = (opts.to_seq.unwrap_or(run.last_seq).min(run.last_seq) - opts.from_seq.unwrap_or(1) + 1).max(0);
+    let total =
+        (opts.to_seq.unwrap_or(run.last_seq).min(run.last_seq) - opts.from_seq.unwrap_or(1) + 1).max(0);
     let pb = progress(total as u64, "exporting");
     let (tx, mut rx) = tokio::sync::mpsc::channel(agent_stream::export::CHANNEL);
     let job = tokio::spawn(agent_stream::export::export_run(app, who, run, opts, tx));
@@ -387,7 +388,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             opts.check()?;
             with_app(&db, async |app| cli_export(app, &key, &run_id, opts, out).await).await
         }
-        Command::Import { file, key, db } => with_app(&db, async |app| cli_import(app, &key, &file).await).await,
+        Command::Import { file, key, db } => {
+            with_app(&db, async |app| cli_import(app, &key, &file).await).await
+        }
         Command::Schema => {
             print!("{}", agent_stream::graphql::sdl());
             Ok(())

@@ -162,7 +162,11 @@ impl Encoder for Agui {
                 let t = &v.tools[tool];
                 let call = scoped_id(t.child_id.as_deref(), &t.call_id);
                 let mut start = json!({"toolCallId": call, "toolCallName": t.tool});
-                if let Some(m) = &t.message_id {
+                // AG-UI attaches calls to assistant messages only.
+                let parent = t.message_id.as_deref().filter(|m| {
+                    v.message(t.child_id.as_deref(), m).is_some_and(|m| m.role == Role::Assistant)
+                });
+                if let Some(m) = parent {
                     start["parentMessageId"] = scoped_id(t.child_id.as_deref(), m).into();
                 }
                 self.push(out, step, "TOOL_CALL_START", start);

@@ -12,7 +12,8 @@ use crate::testkit::stored;
 fn encode(format: Format, inputs: &[Value]) -> Vec<(i64, Value)> {
     let run = RunCtx { run_id: "run".into(), root_run_id: "run".into() };
     let mut enc = Encoding::new(format, run, RunView::new());
-    let mut out: Vec<(i64, Value)> = enc.begin().into_iter().filter_map(|o| o.json().map(|v| (o.seq, v.clone()))).collect();
+    let mut out: Vec<(i64, Value)> =
+        enc.begin().into_iter().filter_map(|o| o.json().map(|v| (o.seq, v.clone()))).collect();
     for e in stored(inputs) {
         out.extend(enc.push(&e).into_iter().filter_map(|o| o.json().map(|v| (o.seq, v.clone()))));
     }
@@ -38,15 +39,23 @@ fn has_fields(got: &Value, want: &Value) {
 
 #[test]
 fn native_is_seed_004s_envelope() {
-    let out = encode(Format::Native, &[json!({"type": "reasoning.delta", "payload": {"text": "Let me check..."}})]);
+    let out =
+        encode(Format::Native, &[json!({"type": "reasoning.delta", "payload": {"text": "Let me check..."}})]);
     let v = &out[0].1;
     let keys: Vec<&str> = v.as_object().expect("object").keys().map(String::as_str).collect();
     assert_eq!(keys.len(), 7);
     for k in ["id", "ts", "type", "run_id", "child_id", "seq", "payload"] {
         assert!(keys.contains(&k), "{k}");
     }
-    has_fields(v, &json!({"type": "reasoning.delta", "run_id": "run", "child_id": null, "seq": 1, "payload": {"text": "Let me check..."}}));
-    assert!(v["ts"].as_str().is_some_and(|t| t.ends_with('Z') && t.len() == 24), "RFC 3339 with ms: {}", v["ts"]);
+    has_fields(
+        v,
+        &json!({"type": "reasoning.delta", "run_id": "run", "child_id": null, "seq": 1, "payload": {"text": "Let me check..."}}),
+    );
+    assert!(
+        v["ts"].as_str().is_some_and(|t| t.ends_with('Z') && t.len() == 24),
+        "RFC 3339 with ms: {}",
+        v["ts"]
+    );
 }
 
 #[test]
@@ -65,21 +74,42 @@ fn multica_follows_seed_000s_examples() {
         ],
     );
     let envelope = |v: &Value| (v["streamId"].clone(), v["agentId"].clone());
-    assert_eq!(out[0], json!({"streamId": "019abc12", "agentId": "run", "event": {"type": "message_start", "message": {"role": "assistant", "content": []}}}));
+    assert_eq!(
+        out[0],
+        json!({"streamId": "019abc12", "agentId": "run", "event": {"type": "message_start", "message": {"role": "assistant", "content": []}}})
+    );
     // Every update is the whole accumulated content, in block order.
-    assert_eq!(out[1]["event"], json!({"type": "message_update", "message": {"role": "assistant", "content": [
-        {"type": "text", "text": "Here is the partial response so far..."}]}}));
-    assert_eq!(out[2]["event"], json!({"type": "message_update", "message": {"role": "assistant", "content": [
+    assert_eq!(
+        out[1]["event"],
+        json!({"type": "message_update", "message": {"role": "assistant", "content": [
+        {"type": "text", "text": "Here is the partial response so far..."}]}})
+    );
+    assert_eq!(
+        out[2]["event"],
+        json!({"type": "message_update", "message": {"role": "assistant", "content": [
         {"type": "text", "text": "Here is the partial response so far..."},
-        {"type": "thinking", "thinking": "Let me consider..."}]}}));
+        {"type": "thinking", "thinking": "Let me consider..."}]}})
+    );
     assert_eq!(out[3]["event"]["type"], "message_end");
     assert_eq!(out[3]["event"]["message"]["stopReason"], "end_turn");
     assert_eq!(envelope(&out[3]), (json!("019abc12"), json!("run")));
-    assert_eq!(out[4]["event"], json!({"type": "tool_execution_start", "toolCallId": "toolu_01ABC", "toolName": "Bash", "args": {"command": "ls -la"}}));
-    assert_eq!(out[5]["event"], json!({"type": "tool_execution_end", "toolCallId": "toolu_01ABC", "result": "file1.txt\nfile2.txt\n", "isError": false}));
-    assert_eq!(out[6], json!({"streamId": "compaction:run", "agentId": "run", "event": {"type": "compaction_start"}}));
-    assert_eq!(out[7], json!({"streamId": "compaction:run", "agentId": "run", "event": {
-        "type": "compaction_end", "removed": 24, "kept": 8, "tokensRemoved": 45000, "tokensKept": 12000, "reason": "tokens"}}));
+    assert_eq!(
+        out[4]["event"],
+        json!({"type": "tool_execution_start", "toolCallId": "toolu_01ABC", "toolName": "Bash", "args": {"command": "ls -la"}})
+    );
+    assert_eq!(
+        out[5]["event"],
+        json!({"type": "tool_execution_end", "toolCallId": "toolu_01ABC", "result": "file1.txt\nfile2.txt\n", "isError": false})
+    );
+    assert_eq!(
+        out[6],
+        json!({"streamId": "compaction:run", "agentId": "run", "event": {"type": "compaction_start"}})
+    );
+    assert_eq!(
+        out[7],
+        json!({"streamId": "compaction:run", "agentId": "run", "event": {
+        "type": "compaction_end", "removed": 24, "kept": 8, "tokensRemoved": 45000, "tokensKept": 12000, "reason": "tokens"}})
+    );
     assert_eq!(out.len(), 8);
 }
 
@@ -96,12 +126,21 @@ fn chunks_follows_seed_001s_three_phases() {
         ],
     );
     assert_eq!(out.len(), 5);
-    has_fields(&out[0], &json!({"type": "message.start", "payload": {"sessionId": "run", "messageId": "msg-001", "role": "agent"}}));
+    has_fields(
+        &out[0],
+        &json!({"type": "message.start", "payload": {"sessionId": "run", "messageId": "msg-001", "role": "agent"}}),
+    );
     assert!(out[0]["payload"]["timestamp"].is_string());
     for (i, t) in ["Hello", " World", "!"].iter().enumerate() {
-        assert_eq!(out[i + 1], json!({"type": "message.chunk", "payload": {"messageId": "msg-001", "content": {"type": "text", "text": t}}}));
+        assert_eq!(
+            out[i + 1],
+            json!({"type": "message.chunk", "payload": {"messageId": "msg-001", "content": {"type": "text", "text": t}}})
+        );
     }
-    has_fields(&out[4], &json!({"type": "message.end", "payload": {"messageId": "msg-001", "content": {"type": "text", "text": "Hello World!"}, "isComplete": true}}));
+    has_fields(
+        &out[4],
+        &json!({"type": "message.end", "payload": {"messageId": "msg-001", "content": {"type": "text", "text": "Hello World!"}, "isComplete": true}}),
+    );
     assert!(out[4]["payload"]["timestamp"].is_string());
 }
 
@@ -117,7 +156,10 @@ fn hier_follows_seed_002s_scenarios() {
         ],
     );
     for (i, t) in ["Hello", " World", "!"].iter().enumerate() {
-        has_fields(&out[i], &json!({"chunk_id": format!("C{}", i + 1), "message_id": "M1", "type": "text", "props": {"content": t}, "delta": true}));
+        has_fields(
+            &out[i],
+            &json!({"chunk_id": format!("C{}", i + 1), "message_id": "M1", "type": "text", "props": {"content": t}, "delta": true}),
+        );
     }
     // Scenario 3: thinking, a tool call and text in one block.
     let out = items(
@@ -137,7 +179,13 @@ fn hier_follows_seed_002s_scenarios() {
             (s("chunk_id"), s("message_id"), s("block_id"), s("type"))
         })
         .collect();
-    let want = [("C1", "M1", "B1", "thinking"), ("C2", "M1", "B1", "thinking"), ("C3", "M2", "B1", "tool_call"), ("C4", "M3", "B1", "text"), ("C5", "M3", "B1", "text")];
+    let want = [
+        ("C1", "M1", "B1", "thinking"),
+        ("C2", "M1", "B1", "thinking"),
+        ("C3", "M2", "B1", "tool_call"),
+        ("C4", "M3", "B1", "text"),
+        ("C5", "M3", "B1", "text"),
+    ];
     assert_eq!(shape, want.map(|(a, b, c, d)| (a.into(), b.into(), c.into(), d.into())).to_vec());
     // Scenarios 4 and 5: blocks are steps, threads are children.
     let out = items(
@@ -152,7 +200,10 @@ fn hier_follows_seed_002s_scenarios() {
     );
     has_fields(&out[0], &json!({"block_id": "B1", "message_id": "M1"}));
     assert!(out[0].get("thread_id").is_none(), "the run itself has no thread");
-    has_fields(&out[3], &json!({"block_id": "B1", "thread_id": "T2", "message_id": "M2", "props": {"content": "News: ..."}}));
+    has_fields(
+        &out[3],
+        &json!({"block_id": "B1", "thread_id": "T2", "message_id": "M2", "props": {"content": "News: ..."}}),
+    );
     has_fields(&out[4], &json!({"block_id": "B2", "message_id": "M3"}));
 }
 
@@ -187,7 +238,12 @@ fn typed_follows_seed_003s_example_flow() {
             json!({"type": "final"}),
         ]
     );
-    let failed = items(Format::Typed, &[json!({"type": "run.lifecycle", "payload": {"state": "error", "reason": "tool browser failed 3 times"}})]);
+    let failed = items(
+        Format::Typed,
+        &[
+            json!({"type": "run.lifecycle", "payload": {"state": "error", "reason": "tool browser failed 3 times"}}),
+        ],
+    );
     assert_eq!(failed, vec![json!({"type": "error", "error": "tool browser failed 3 times"})]);
 }
 
@@ -222,13 +278,25 @@ fn agui_opens_closes_and_nests_in_verifier_order() {
     assert_eq!(types.last(), Some(&"RUN_FINISHED"));
     let pos = |t: &str| types.iter().position(|x| *x == t).unwrap_or_else(|| panic!("no {t}: {types:?}"));
     assert!(pos("TEXT_MESSAGE_START") < pos("REASONING_MESSAGE_START"));
-    assert!(pos("REASONING_MESSAGE_END") < pos("TEXT_MESSAGE_CONTENT"), "reasoning closes before text resumes");
+    assert!(
+        pos("REASONING_MESSAGE_END") < pos("TEXT_MESSAGE_CONTENT"),
+        "reasoning closes before text resumes"
+    );
     assert!(pos("SUBAGENT_STARTED") < pos("SUBAGENT_FINISHED"));
     // The child's text is its own message, tagged with the sub-agent.
-    let child: Vec<&Value> = out.iter().filter(|v| v.get("subagentRunId").is_some() && v["type"] != "SUBAGENT_STARTED" && v["type"] != "SUBAGENT_FINISHED").collect();
+    let child: Vec<&Value> = out
+        .iter()
+        .filter(|v| {
+            v.get("subagentRunId").is_some()
+                && v["type"] != "SUBAGENT_STARTED"
+                && v["type"] != "SUBAGENT_FINISHED"
+        })
+        .collect();
     assert!(child.iter().any(|v| v["type"] == "TEXT_MESSAGE_CONTENT" && v["delta"] == "child says"));
     // The call still running at the end gets a result, so nothing is pending.
-    assert!(out.iter().any(|v| v["type"] == "TOOL_CALL_RESULT" && v["toolCallId"] == "c2" && v["content"] == "interrupted"));
+    assert!(out.iter().any(|v| v["type"] == "TOOL_CALL_RESULT"
+        && v["toolCallId"] == "c2"
+        && v["content"] == "interrupted"));
     // Optional fields are left out, never null.
     assert!(out.iter().all(|v| v.as_object().is_some_and(|m| m.values().all(|x| !x.is_null()))), "{out:#?}");
 }
@@ -240,8 +308,15 @@ fn vercel_is_one_message_with_parts_and_ends_with_done() {
     let types: Vec<&str> = all.iter().map(|(_, v)| v["type"].as_str().unwrap_or("?")).collect();
     assert_eq!(&types[..2], &["start", "start-step"]);
     assert_eq!(&types[types.len() - 2..], &["finish-step", "finish"]);
-    assert_eq!(types.iter().filter(|t| **t == "text-start").count(), types.iter().filter(|t| **t == "text-end").count());
-    assert!(types.contains(&"reasoning-start") && types.contains(&"tool-input-available") && types.contains(&"data-subagent"));
+    assert_eq!(
+        types.iter().filter(|t| **t == "text-start").count(),
+        types.iter().filter(|t| **t == "text-end").count()
+    );
+    assert!(
+        types.contains(&"reasoning-start")
+            && types.contains(&"tool-input-available")
+            && types.contains(&"data-subagent")
+    );
     // Every item keeps the seq it came from (the SSE id), never going back.
     assert!(all.windows(2).all(|w| w[0].0 <= w[1].0));
     let mut enc = Encoding::new(Format::Vercel, RunCtx::default(), RunView::new());

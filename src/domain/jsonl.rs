@@ -29,18 +29,27 @@ pub fn parse_line(line: usize, raw: &[u8], limits: Limits) -> Result<Line, Rejec
     let mut v: Value = serde_json::from_slice(raw)
         .map_err(|e| bad(line, ErrorCode::EventMalformed, format!("not valid JSON: {e}")))?;
     let Some(map) = v.as_object_mut() else {
-        return Err(bad(line, ErrorCode::EventMalformed, "each line must be one exported event (a JSON object)"));
+        return Err(bad(
+            line,
+            ErrorCode::EventMalformed,
+            "each line must be one exported event (a JSON object)",
+        ));
     };
     let ts = match map.remove("ts") {
-        Some(Value::String(s)) => DateTime::parse_from_rfc3339(&s)
-            .map(|t| t.with_timezone(&Utc))
-            .map_err(|e| bad(line, ErrorCode::EventMalformed, format!("`ts` is not an RFC 3339 time: {e}")))?,
-        _ => return Err(bad(line, ErrorCode::EventMalformed, "`ts` (the event's time, RFC 3339) is missing")),
+        Some(Value::String(s)) => {
+            DateTime::parse_from_rfc3339(&s).map(|t| t.with_timezone(&Utc)).map_err(|e| {
+                bad(line, ErrorCode::EventMalformed, format!("`ts` is not an RFC 3339 time: {e}"))
+            })?
+        }
+        _ => {
+            return Err(bad(line, ErrorCode::EventMalformed, "`ts` (the event's time, RFC 3339) is missing"))
+        }
     };
     let seq = match map.remove("seq") {
-        Some(Value::Number(n)) => {
-            n.as_i64().filter(|s| *s > 0).ok_or_else(|| bad(line, ErrorCode::EventMalformed, "`seq` must be 1 or more"))?
-        }
+        Some(Value::Number(n)) => n
+            .as_i64()
+            .filter(|s| *s > 0)
+            .ok_or_else(|| bad(line, ErrorCode::EventMalformed, "`seq` must be 1 or more"))?,
         _ => return Err(bad(line, ErrorCode::EventMalformed, "`seq` (a positive integer) is missing")),
     };
     // Assigned anew on import (or meaningless outside the original run).
@@ -73,7 +82,10 @@ pub fn parse_export(body: &[u8], limits: Limits) -> Result<Vec<(usize, Line)>, R
             return Err(bad(
                 i + 1,
                 ErrorCode::SeqConflict,
-                format!("seq {} where {want} was expected (an export holds seqs 1, 2, 3, … with no gaps)", l.seq),
+                format!(
+                    "seq {} where {want} was expected (an export holds seqs 1, 2, 3, … with no gaps)",
+                    l.seq
+                ),
             ));
         }
         out.push((i + 1, l));

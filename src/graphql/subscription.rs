@@ -9,10 +9,10 @@ use futures::{Stream, StreamExt};
 use super::error::GqlResult;
 use super::schema::GqlRun;
 use super::schema::{app, caller, GqlEvent};
+use crate::dialect::{Encoding, Format, RunCtx};
 use crate::error::{Error, ErrorCode};
 use crate::live::activity::{self, ActivityKind};
 use crate::live::Tail;
-use crate::dialect::{Encoding, Format, RunCtx};
 use crate::projection::{updates, ViewUpdate};
 use serde_json::Value;
 
@@ -69,12 +69,18 @@ impl Subscription {
             Format::Native => None,
             f => {
                 let ctx = RunCtx { run_id: run.run_id.clone(), root_run_id: run.root_run_id.clone() };
-                let view = if after > 0 { app.view_at(&who, &run.run_id, after.min(run.last_seq)).await.gql()?.1 } else { Default::default() };
+                let view = if after > 0 {
+                    app.view_at(&who, &run.run_id, after.min(run.last_seq)).await.gql()?.1
+                } else {
+                    Default::default()
+                };
                 Some(Encoding::new(f, ctx, view))
             }
         };
-        let mut opening: Vec<Value> =
-            enc.as_mut().map(|e| e.begin().iter().filter_map(|o| o.json().cloned()).collect()).unwrap_or_default();
+        let mut opening: Vec<Value> = enc
+            .as_mut()
+            .map(|e| e.begin().iter().filter_map(|o| o.json().cloned()).collect())
+            .unwrap_or_default();
         let events = batches(Tail::new(app, who, run.run_id, after))
             .flat_map(futures::stream::iter)
             .filter_map(move |e| {

@@ -66,7 +66,9 @@ pub(crate) async fn export(
         from_seq: p.from_seq,
         to_seq: p.to_seq,
         filter: Filter {
-            types: p.types.map(|t| t.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect()),
+            types: p
+                .types
+                .map(|t| t.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect()),
             child_id: p.child_id,
         },
         format: Format::parse(p.format.as_deref())?,
@@ -86,10 +88,10 @@ pub(crate) struct TenantParams {
     until: Option<String>,
 }
 
-fn time(name: &str, v: Option<&str>, default: DateTime<Utc>) -> Result<DateTime<Utc>> {
+fn time(name: &str, v: Option<&str>) -> Result<Option<DateTime<Utc>>> {
     match v {
-        None => Ok(default),
-        Some(s) => DateTime::parse_from_rfc3339(s).map(|t| t.with_timezone(&Utc)).map_err(|_| {
+        None => Ok(None),
+        Some(s) => DateTime::parse_from_rfc3339(s).map(|t| Some(t.with_timezone(&Utc))).map_err(|_| {
             Error::reject(
                 ErrorCode::InvalidParameter,
                 format!("`{name}` must be an RFC 3339 time such as 2026-01-31T00:00:00Z"),
@@ -106,9 +108,9 @@ pub(crate) async fn export_all(
     Params(p): Params<TenantParams>,
 ) -> Result<Response> {
     who.require(crate::auth::Scope::Read)?;
-    let since = time("since", p.since.as_deref(), DateTime::<Utc>::MIN_UTC)?;
-    let until = time("until", p.until.as_deref(), DateTime::<Utc>::MAX_UTC)?;
-    if until < since {
+    let since = time("since", p.since.as_deref())?;
+    let until = time("until", p.until.as_deref())?;
+    if since.zip(until).is_some_and(|(s, u)| u < s) {
         return Err(Error::reject(ErrorCode::InvalidParameter, "`until` must not be before `since`"));
     }
     Ok(streamed(move |tx| export_tenant(app, who, since, until, tx).boxed()))

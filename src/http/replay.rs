@@ -110,5 +110,8 @@ pub(crate) async fn replay(
         last_ts: None,
     };
     // Replay shows every event at its pace: no merging, no shedding.
-    Ok(sse_response(Sending::new(source, enc, true, Shedding { reasoning_behind: i64::MAX, text_behind: i64::MAX }), format))
+    Ok(sse_response(
+        Sending::new(source, enc, true, Shedding { reasoning_behind: i64::MAX, text_behind: i64::MAX }),
+        format,
+    ))
 }

@@ -188,18 +188,20 @@ pub async fn stream_raw<'a, C: GenericClient>(
     Ok(rows.map_err(Error::from).map_ok(|row| raw_from_row(&row)))
 }
 
-/// Every event of the tenant stored in `[since, until)`, by run and seq (backups and
-/// analysts), payloads as text.
+/// Every event of the tenant stored in `[since, until)` (open where `None`), by run and
+/// seq (backups and analysts), payloads as text.
 pub async fn stream_tenant_raw<'a, C: GenericClient>(
     c: &'a C,
     tenant: &'a str,
-    since: &'a chrono::DateTime<chrono::Utc>,
-    until: &'a chrono::DateTime<chrono::Utc>,
+    since: &'a Option<chrono::DateTime<chrono::Utc>>,
+    until: &'a Option<chrono::DateTime<chrono::Utc>>,
 ) -> Result<impl Stream<Item = Result<RawEvent>> + 'a> {
     let stmt = c
         .prepare_cached(&format!(
             "SELECT {RAW_COLUMNS} FROM agent_run_events
-             WHERE tenant_id = $1 AND ts >= $2 AND ts < $3 ORDER BY run_id, seq"
+             WHERE tenant_id = $1 AND ($2::timestamptz IS NULL OR ts >= $2)
+               AND ($3::timestamptz IS NULL OR ts < $3)
+             ORDER BY run_id, seq"
         ))
         .await?;
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&tenant, since, until];

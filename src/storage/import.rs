@@ -73,7 +73,8 @@ pub async fn import_run(db: &Db, tenant: &str, events: &[Imported]) -> Result<Ru
         let children: Vec<Option<&str>> = chunk.iter().map(|e| e.event.child_id.as_deref()).collect();
         let payloads: Vec<serde_json::Value> = chunk.iter().map(|e| e.event.body.payload()).collect();
         let mids = &message_ids[base..base + chunk.len()];
-        tx.execute(&insert, &[&tenant, &run.run_id, &seqs, &ids, &ts, &types, &children, &payloads, &mids]).await?;
+        tx.execute(&insert, &[&tenant, &run.run_id, &seqs, &ids, &ts, &types, &children, &payloads, &mids])
+            .await?;
     }
     let n = events.len() as i64;
     let state = guard.state();

@@ -608,20 +608,32 @@ mod graphql_ws {
     }
 }
 
+/// Installs tests/node's packages from the lockfile once per test binary (tests that
+/// need them run in parallel).
+pub(crate) fn npm_ci(dir: &std::path::Path) {
+    static ONCE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    let mut done = ONCE.lock().unwrap_or_else(|p| p.into_inner());
+    let have = ["graphql-ws", "ai", "@ag-ui/core", "@ag-ui/client"]
+        .iter()
+        .all(|p| dir.join("node_modules").join(p).is_dir());
+    if !*done && !have {
+        let st = std::process::Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(dir)
+            .status()
+            .expect("npm is needed for the Node client tests (install Node.js and npm)");
+        assert!(st.success(), "npm ci in tests/node failed");
+    }
+    *done = true;
+}
+
 /// The real `graphql-ws` npm client (Node) subscribes to a run and receives history,
 /// live events and the completion.
 #[tokio::test]
 async fn the_graphql_ws_npm_client_follows_a_run() {
     use tokio::io::AsyncBufReadExt;
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node");
-    if !dir.join("node_modules/graphql-ws").is_dir() {
-        let st = std::process::Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund"])
-            .current_dir(&dir)
-            .status()
-            .expect("npm is needed for the Node client tests (install Node.js and npm)");
-        assert!(st.success(), "npm ci in tests/node failed");
-    }
+    npm_ci(&dir);
     let t = TestApp::new().await;
     let run = t.create_run(&t.key_a).await;
     t.append_ok(

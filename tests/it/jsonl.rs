@@ -1,0 +1,289 @@
+//! JSONL export and import, replay, and the dialects over real streams: round trips,
+//! line-numbered refusals that write nothing, ranges, tenant walls, pacing, and the
+//! official AG-UI and AI SDK packages reading our agui and vercel streams.
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::common::TestApp;
+
+/// A generated run (children, tools, plans, compaction, deltas) that ends `done`.
+async fn finished_run(t: &TestApp, seed: u64, steps: usize) -> String {
+    let run = t.create_run(&t.key_a).await;
+    let events = agent_stream::testkit::generated_run_mix(seed, steps, 40);
+    for chunk in events.chunks(25) {
+        t.append_ok(&t.key_a, &run, Value::Array(chunk.to_vec())).await;
+    }
+    let state = t.get_json(&t.key_a, &format!("/v1/runs/{run}")).await["state"].clone();
+    if !matches!(state.as_str(), Some("done" | "aborted" | "error")) {
+        if state != "running" {
+            t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}]))
+                .await;
+        }
+        t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "done"}}])).await;
+    }
+    run
+}
+
+async fn get_text(t: &TestApp, key: &str, path: &str) -> (StatusCode, String) {
+    let r = t.http.get(format!("{}{path}", t.base)).bearer_auth(key).send().await.expect("send");
+    let status = r.status();
+    (status, r.text().await.expect("body"))
+}
+
+async fn import(t: &TestApp, key: &str, body: String) -> (StatusCode, Value) {
+    let r = t
+        .http
+        .post(format!("{}/v1/runs/import", t.base))
+        .bearer_auth(key)
+        .header("content-type", "application/x-ndjson")
+        .body(body)
+        .send()
+        .await
+        .expect("send");
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Lines with the ids that differ between a run and its import taken out.
+fn without_ids(jsonl: &str) -> Vec<Value> {
+    jsonl
+        .lines()
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).expect("line is JSON");
+            let m = v.as_object_mut().expect("object");
+            assert!(m.remove("id").is_some() && m.remove("run_id").is_some(), "envelope has id and run_id");
+            v
+        })
+        .collect()
+}
+
+async fn run_count(t: &TestApp) -> i64 {
+    t.db.owner().await.query_one("SELECT count(*) FROM runs", &[]).await.expect("count").get(0)
+}
+
+#[tokio::test]
+async fn export_import_export_gives_the_same_lines_and_the_same_view() {
+    let t = TestApp::new().await;
+    let run = finished_run(&t, 5, 300).await;
+    let (status, first) = get_text(&t, &t.key_a, &format!("/v1/runs/{run}/events.jsonl")).await;
+    assert_eq!(status, StatusCode::OK);
+    let n = first.lines().count() as i64;
+    assert_eq!(n, t.stored_count(&t.tenant_a, &run).await, "one line per stored event");
+    let (status, created) = import(&t, &t.key_a, first.clone()).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let copy = created["run_id"].as_str().expect("run id").to_owned();
+    assert_ne!(copy, run);
+    assert_eq!(created["last_seq"], json!(n));
+    let (_, second) = get_text(&t, &t.key_a, &format!("/v1/runs/{copy}/events.jsonl")).await;
+    assert_eq!(without_ids(&first), without_ids(&second), "same types, payloads, seqs and times");
+    let view = |r: String| {
+        let t = &t;
+        async move { t.get_json(&t.key_a, &format!("/v1/runs/{r}/view")).await }
+    };
+    assert_eq!(view(run.clone()).await, view(copy.clone()).await, "the imported run folds to the same views");
+    // The imported run is finished: nothing more can be appended.
+    let (status, _) =
+        t.append(&t.key_a, &copy, &json!([{"type": "text.delta", "payload": {"text": "x"}}])).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+}
+
+#[tokio::test]
+async fn a_bad_line_is_refused_with_its_number_and_nothing_is_written() {
+    let t = TestApp::new().await;
+    let run = finished_run(&t, 9, 80).await;
+    let (_, jsonl) = get_text(&t, &t.key_a, &format!("/v1/runs/{run}/events.jsonl")).await;
+    let lines: Vec<&str> = jsonl.lines().collect();
+    let before = run_count(&t).await;
+    let rows_before: i64 =
+        t.db.owner()
+            .await
+            .query_one("SELECT count(*) FROM agent_run_events", &[])
+            .await
+            .expect("count")
+            .get(0);
+    let with_line = |i: usize, replacement: String| {
+        let mut l: Vec<String> = lines.iter().map(|s| s.to_string()).collect();
+        l[i] = replacement;
+        l.join("\n")
+    };
+    let mut unknown: Value = serde_json::from_str(lines[6]).expect("json");
+    unknown["type"] = "no.such.type".into();
+    let mut tool_end: Value = serde_json::from_str(lines[6]).expect("json");
+    tool_end["type"] = "tool.end".into();
+    tool_end["payload"] = json!({"call_id": "never-started", "ok": true});
+    let mut gap: Value = serde_json::from_str(lines[6]).expect("json");
+    gap["seq"] = 99_999.into();
+    let cases = [
+        (with_line(6, "{not json".into()), "EVENT-MALFORMED"),
+        (with_line(6, unknown.to_string()), "EVENT-UNKNOWN-TYPE"),
+        (with_line(6, tool_end.to_string()), "TOOL-UNKNOWN-CALL"),
+        (with_line(6, gap.to_string()), "SEQ-CONFLICT"),
+    ];
+    for (body, code) in cases {
+        let (status, err) = import(&t, &t.key_a, body).await;
+        assert!(status.is_client_error(), "{status} {err}");
+        assert_eq!(err["error"]["code"], code, "{err}");
+        let msg = err["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.starts_with("line 7:"), "the line is named: {msg}");
+    }
+    let (status, err) = import(&t, &t.key_a, String::new()).await;
+    assert!(status.is_client_error(), "{err}");
+    let rows_after: i64 =
+        t.db.owner()
+            .await
+            .query_one("SELECT count(*) FROM agent_run_events", &[])
+            .await
+            .expect("count")
+            .get(0);
+    assert_eq!((run_count(&t).await, rows_after), (before, rows_before), "no run and no row was written");
+}
+
+#[tokio::test]
+async fn export_takes_ranges_filters_and_dialects_and_refuses_bad_parameters() {
+    let t = TestApp::new().await;
+    let run = finished_run(&t, 21, 120).await;
+    let path = |q: &str| format!("/v1/runs/{run}/events.jsonl{q}");
+    let (_, all) = get_text(&t, &t.key_a, &path("")).await;
+    let all: Vec<Value> = all.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    let (_, part) = get_text(&t, &t.key_a, &path("?from_seq=10&to_seq=20")).await;
+    let seqs: Vec<i64> = part
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("json")["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(seqs, (10..=20).collect::<Vec<_>>());
+    let (_, tools) = get_text(&t, &t.key_a, &path("?types=tool.start,tool.end")).await;
+    let want = all.iter().filter(|v| v["type"] == "tool.start" || v["type"] == "tool.end").count();
+    assert_eq!(tools.lines().count(), want);
+    assert!(want > 0);
+    if let Some(child) = all.iter().find_map(|v| v["child_id"].as_str()) {
+        let (_, c) = get_text(&t, &t.key_a, &path(&format!("?child_id={child}"))).await;
+        assert!(c.lines().all(|l| serde_json::from_str::<Value>(l).expect("json")["child_id"] == child));
+        assert!(c.lines().count() > 0);
+    }
+    for format in ["multica", "chunks", "hier", "typed", "agui", "vercel"] {
+        let (status, body) = get_text(&t, &t.key_a, &path(&format!("?format={format}"))).await;
+        assert_eq!(status, StatusCode::OK, "{format}");
+        assert!(
+            body.lines().count() > 10 && body.lines().all(|l| serde_json::from_str::<Value>(l).is_ok()),
+            "{format}"
+        );
+    }
+    for q in ["?from_seq=0", "?from_seq=5&to_seq=4", "?to_seq=x", "?format=klingon", "?bogus=1"] {
+        let (status, body) = get_text(&t, &t.key_a, &path(q)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{q}: {body}");
+        assert!(body.contains("PARAM-INVALID"), "{q}: {body}");
+    }
+}
+
+#[tokio::test]
+async fn other_tenants_get_not_found_and_the_tenant_export_holds_only_its_own_rows() {
+    let t = TestApp::new().await;
+    let run_a = finished_run(&t, 2, 40).await;
+    let run_b = t.create_run(&t.key_b).await;
+    t.append_ok(&t.key_b, &run_b, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    for path in [format!("/v1/runs/{run_a}/events.jsonl"), format!("/v1/runs/{run_a}/replay?speed=100")] {
+        let (status, body) = get_text(&t, &t.key_b, &path).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
+        assert!(body.contains("RUN-NOT-FOUND"), "{body}");
+    }
+    let (_, a) = get_text(&t, &t.key_a, "/v1/events.jsonl").await;
+    let (_, b) = get_text(&t, &t.key_b, "/v1/events.jsonl").await;
+    let runs = |s: &str| -> std::collections::BTreeSet<String> {
+        s.lines()
+            .map(|l| serde_json::from_str::<Value>(l).expect("json")["run_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(runs(&a), [run_a.clone()].into());
+    assert_eq!(runs(&b), [run_b].into());
+    assert_eq!(a.lines().count() as i64, t.stored_count(&t.tenant_a, &run_a).await);
+    let (_, none) = get_text(&t, &t.key_a, "/v1/events.jsonl?since=2999-01-01T00:00:00Z").await;
+    assert_eq!(none, "");
+    let (status, _) = get_text(&t, &t.key_a, "/v1/events.jsonl?since=yesterday").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+/// An imported run with events 300 ms apart: replay keeps the pace, divided by speed.
+#[tokio::test]
+async fn replay_streams_a_stored_run_at_its_recorded_pace() {
+    let t = TestApp::new().await;
+    let lines: Vec<String> = (0..4)
+        .map(|i| {
+            let ev = match i {
+                0 => json!({"type": "run.lifecycle", "payload": {"state": "running"}}),
+                3 => json!({"type": "run.lifecycle", "payload": {"state": "done"}}),
+                _ => json!({"type": "text.delta", "payload": {"text": format!("t{i}")}}),
+            };
+            let mut ev = ev;
+            ev["seq"] = (i + 1).into();
+            ev["ts"] = format!("2026-01-01T00:00:00.{:03}Z", i * 300).into();
+            ev.to_string()
+        })
+        .collect();
+    let (status, created) = import(&t, &t.key_a, lines.join("\n")).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let run = created["run_id"].as_str().unwrap().to_owned();
+    let started = Instant::now();
+    let (status, body) = get_text(&t, &t.key_a, &format!("/v1/runs/{run}/replay?speed=1")).await;
+    let at_pace = started.elapsed();
+    assert_eq!(status, StatusCode::OK);
+    let ids: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("id:")).map(str::trim).collect();
+    assert_eq!(ids, ["1", "2", "3", "4"]);
+    assert!(at_pace >= Duration::from_millis(850), "three 300 ms gaps took {at_pace:?}");
+    let started = Instant::now();
+    let (_, fast) = get_text(&t, &t.key_a, &format!("/v1/runs/{run}/replay?speed=100&format=typed")).await;
+    assert!(started.elapsed() < at_pace, "100x is faster");
+    assert!(fast.contains(r#""type":"final""#), "{fast}");
+    // Resume after seq 2 replays the rest only; a finished replay answers 204.
+    let r = t
+        .http
+        .get(format!("{}/v1/runs/{run}/replay?speed=100", t.base))
+        .bearer_auth(&t.key_a)
+        .header("Last-Event-ID", "2")
+        .send()
+        .await
+        .unwrap();
+    let body = r.text().await.unwrap();
+    let ids: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("id:")).map(str::trim).collect();
+    assert_eq!(ids, ["3", "4"]);
+    let (status, _) = get_text(&t, &t.key_a, &format!("/v1/runs/{run}/replay?speed=0")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+/// The agui and vercel streams of a rich run, read by `@ag-ui/core` / `@ag-ui/client`
+/// and the `ai` package themselves (tests/node/dialects.mjs).
+#[tokio::test]
+async fn the_official_ag_ui_and_ai_sdk_packages_accept_our_streams() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node");
+    crate::live::npm_ci(&dir);
+    let t = TestApp::new().await;
+    for seed in [3u64, 8] {
+        let run = finished_run(&t, seed, 250).await;
+        for format in ["agui", "vercel"] {
+            for detail in ["", "&detail=full"] {
+                let url = format!("{}/v1/runs/{run}/stream?format={format}{detail}", t.base);
+                let out = tokio::process::Command::new("node")
+                    .arg("dialects.mjs")
+                    .arg(format)
+                    .arg(&url)
+                    .arg(&t.key_a)
+                    .current_dir(&dir)
+                    .output()
+                    .await
+                    .expect("node is needed for the Node client tests");
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                let last = stdout.lines().last().unwrap_or_default();
+                assert!(
+                    out.status.success(),
+                    "{format}{detail} seed {seed}: {last}\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let v: Value = serde_json::from_str(last).expect("summary line");
+                assert_eq!(v["ok"], true);
+                assert!(v["frames"].as_i64().unwrap_or(0) > 20, "{v}");
+            }
+        }
+    }
+}

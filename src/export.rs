@@ -126,9 +126,8 @@ pub async fn export_run(
                 Some(enc) => {
                     let e = raw.parse()?;
                     let items = enc.push(&e);
-                    let keep =
-                        opts.filter.types.as_ref().is_none_or(|ts| ts.contains(&raw.type_name))
-                            && opts.filter.child_id.as_ref().is_none_or(|c| e.child_id.as_ref() == Some(c));
+                    let keep = opts.filter.types.as_ref().is_none_or(|ts| ts.contains(&raw.type_name))
+                        && opts.filter.child_id.as_ref().is_none_or(|c| e.child_id.as_ref() == Some(c));
                     if keep {
                         for o in &items {
                             write_item(&mut w, o);

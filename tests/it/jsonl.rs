@@ -287,3 +287,20 @@ async fn the_official_ag_ui_and_ai_sdk_packages_accept_our_streams() {
         }
     }
 }
+
+/// The validators are not vacuous: they accept the valid sample streams and refuse
+/// each broken one for the reason its manifest names.
+#[tokio::test]
+async fn the_dialect_validators_refuse_broken_streams() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node");
+    crate::live::npm_ci(&dir);
+    let out = tokio::process::Command::new("node")
+        .args(["dialects.mjs", "--self-test"])
+        .current_dir(&dir)
+        .output()
+        .await
+        .expect("node is needed for the Node client tests");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(" 0 failed"), "{stdout}");
+}

@@ -858,3 +858,86 @@ async fn a_client_that_cannot_keep_up_loses_reasoning_then_text_never_control_ev
     assert_eq!(tools, batches * 2, "control events are never dropped");
     assert!(reasoning < text, "reasoning goes first: kept {reasoning} reasoning vs {text} text deltas");
 }
+
+/// Seed 001's checklist, live: "refresh during streaming" (a client that arrives
+/// mid-message gets the whole message so far), "network interruption" (a reconnect with
+/// Last-Event-ID continues exactly) and "multiple concurrent streams" (interleaved
+/// messages never mix), in the seeds' own dialects.
+#[tokio::test]
+async fn seed_001_refresh_interruption_and_concurrent_streams_live() {
+    let t = TestApp::new().await;
+    let run = running_run(&t).await;
+    t.append_ok(
+        &t.key_a,
+        &run,
+        json!([
+            {"type": "child.spawn", "payload": {"child_id": "k"}},
+            {"type": "message.start", "payload": {"message_id": "m1", "role": "assistant"}},
+            {"type": "message.start", "child_id": "k", "payload": {"message_id": "m2", "role": "assistant"}},
+            {"type": "text.delta", "payload": {"text": "Hel", "message_id": "m1"}},
+            {"type": "text.delta", "child_id": "k", "payload": {"text": "Wor", "message_id": "m2"}},
+        ]),
+    )
+    .await;
+    // Refresh during streaming: arrive after seq 6 (mid-message) in seed 000's dialect;
+    // the next update carries the whole message, not just the new delta.
+    let mut late = SseReader::new(open_raw(&t, &t.base, &run, Some(6), "?format=multica&detail=full").await);
+    // Network interruption: a chunks client reads two items, drops, and resumes.
+    let mut chunks = SseReader::new(open_raw(&t, &t.base, &run, None, "?format=chunks&detail=full").await);
+    let mut seen: Vec<(i64, Value)> = vec![];
+    for _ in 0..2 {
+        let f = chunks.next().await.expect("frame");
+        seen.push((f.id.expect("id"), f.data));
+    }
+    drop(chunks);
+    t.append_ok(
+        &t.key_a,
+        &run,
+        json!([
+            {"type": "text.delta", "payload": {"text": "lo", "message_id": "m1"}},
+            {"type": "text.delta", "child_id": "k", "payload": {"text": "ld", "message_id": "m2"}},
+            {"type": "message.end", "child_id": "k", "payload": {"message_id": "m2", "text": "World"}},
+            {"type": "message.end", "payload": {"message_id": "m1", "text": "Hello"}},
+            {"type": "run.lifecycle", "payload": {"state": "done"}},
+        ]),
+    )
+    .await;
+    let f = late.next().await.expect("update");
+    assert_eq!(f.id, Some(7));
+    assert_eq!(f.data["event"]["type"], "message_update");
+    assert_eq!(
+        f.data["event"]["message"]["content"],
+        json!([{"type": "text", "text": "Hello"}]),
+        "the whole message"
+    );
+
+    let last = seen.last().map(|s| s.0).expect("seen");
+    let mut resumed =
+        SseReader::new(open_raw(&t, &t.base, &run, Some(last), "?format=chunks&detail=full").await);
+    while let Some(f) = resumed.next().await {
+        assert!(f.id.expect("id") >= last, "nothing before the resume point");
+        seen.push((f.id.expect("id"), f.data));
+    }
+    // Every item exactly once across the interruption, and each message's chunks add
+    // up to its own end text although the two streamed interleaved.
+    let mut text: std::collections::HashMap<String, String> = Default::default();
+    let mut ends = vec![];
+    for (_, v) in &seen {
+        let id = v["payload"]["messageId"].as_str().unwrap_or_default().to_owned();
+        match v["type"].as_str() {
+            Some("message.chunk") => {
+                text.entry(id).or_default().push_str(v["payload"]["content"]["text"].as_str().unwrap())
+            }
+            Some("message.end") => ends.push((id, v["payload"]["content"]["text"].clone())),
+            _ => {}
+        }
+    }
+    let starts = seen.iter().filter(|(_, v)| v["type"] == "message.start").count();
+    assert_eq!(starts, 2, "{seen:?}");
+    assert_eq!(ends.len(), 2, "{seen:?}");
+    for (id, end) in ends {
+        assert_eq!(json!(text[&id]), end, "{id}: chunks add up to the end text");
+    }
+    assert_eq!(text["m1"], "Hello");
+    assert_eq!(text["k/m2"], "World");
+}

@@ -1,0 +1,158 @@
+//! JSONL export throughput and memory: a 1,000,000-event run exported over HTTP by a
+//! separate `agent-stream serve` process, next to `psql -c "COPY (SELECT row_to_json(e)
+//! ...) TO STDOUT"` over the same rows, measured in the same run.
+//!
+//!     cargo bench --bench export            # EXPORT_EVENTS=200000 for a quicker run
+//!
+//! Reported: bytes/s of each and their ratio, and the server's resident memory before
+//! and at its peak (VmHWM) while it streams. Needs PostgreSQL like the tests
+//! (`DATABASE_URL`, else 127.0.0.1:5432) and `psql` on the PATH.
+
+use std::time::{Duration, Instant};
+
+use agent_stream::auth::Scope;
+use agent_stream::storage::{db, migrate, tenants};
+use futures::StreamExt;
+
+fn rss_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(18080)
+}
+
+#[tokio::main]
+async fn main() {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".to_owned());
+    let n: i64 = std::env::var("EXPORT_EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    if tokio_postgres::connect(&url, tokio_postgres::NoTls).await.is_err() {
+        eprintln!("export: no PostgreSQL at {url}; set DATABASE_URL. Skipping.");
+        return;
+    }
+    let schema = format!("bench_export_{}", std::process::id());
+    migrate::migrate(&url, &schema).await.expect("migrate");
+    let mut owner = db::connect_owner(&url, &schema).await.expect("owner");
+    let key =
+        tenants::create_tenant(&mut owner, "bench", &[Scope::Read, Scope::Write]).await.expect("tenant");
+    let run = ulid::Ulid::new().to_string();
+    let started = Instant::now();
+    owner
+        .execute(
+            "INSERT INTO runs (tenant_id, run_id, root_run_id, last_seq, state) VALUES ($1, $2, $2, $3, 'running')",
+            &[&key.tenant_id, &run, &n],
+        )
+        .await
+        .expect("run");
+    // ~100-byte text deltas, ids in ULID form, one millisecond apart.
+    owner
+        .execute(
+            "INSERT INTO agent_run_events (tenant_id, run_id, seq, id, ts, type, payload)
+             SELECT $1, $2, g, lpad(g::text, 26, '0'), now() + g * interval '1 millisecond', 'text.delta',
+                    jsonb_build_object('text', 'token ' || g || ' ' || repeat('lorem ipsum ', 7))
+             FROM generate_series(1, $3::bigint) g",
+            &[&key.tenant_id, &run, &n],
+        )
+        .await
+        .expect("rows");
+    owner.batch_execute("ANALYZE agent_run_events").await.expect("analyze");
+    eprintln!("stored {n} events in {:.1?}", started.elapsed());
+
+    // The baseline: psql COPY of the same rows as JSON, bytes counted off its stdout.
+    let copy = format!(
+        "COPY (SELECT row_to_json(e) FROM \"{schema}\".agent_run_events e WHERE tenant_id = '{}' AND run_id = '{run}' ORDER BY seq) TO STDOUT",
+        key.tenant_id
+    );
+    let mut best_copy = (0u64, Duration::MAX);
+    let mut best_ours = (0u64, Duration::MAX);
+    let port = free_port();
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_agent-stream"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--schema", &schema])
+        .env("DATABASE_URL", &url)
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("serve");
+    let pid = server.id().expect("pid");
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    for _ in 0..100 {
+        if http.get(format!("{base}/healthz")).send().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rss_before = rss_kib(pid, "VmRSS:");
+    for _ in 0..3 {
+        let t = Instant::now();
+        let out = std::process::Command::new("psql")
+            .arg(pg_url(&url))
+            .args(["-X", "-q", "-c", &copy])
+            .stdout(std::process::Stdio::piped())
+            .output()
+            .expect("psql");
+        let took = t.elapsed();
+        assert!(out.status.success(), "psql: {}", String::from_utf8_lossy(&out.stderr));
+        if took < best_copy.1 {
+            best_copy = (out.stdout.len() as u64, took);
+        }
+
+        let t = Instant::now();
+        let r = http
+            .get(format!("{base}/v1/runs/{run}/events.jsonl"))
+            .bearer_auth(&key.secret)
+            .send()
+            .await
+            .expect("export");
+        assert!(r.status().is_success(), "{}", r.status());
+        let mut body = r.bytes_stream();
+        let (mut bytes, mut lines) = (0u64, 0u64);
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.expect("chunk");
+            bytes += chunk.len() as u64;
+            lines += chunk.iter().filter(|b| **b == b'\n').count() as u64;
+        }
+        let took = t.elapsed();
+        assert_eq!(lines as i64, n, "one line per event");
+        if took < best_ours.1 {
+            best_ours = (bytes, took);
+        }
+    }
+    let peak = rss_kib(pid, "VmHWM:");
+    let _ = server.kill().await;
+    let rate = |(b, t): (u64, Duration)| b as f64 / t.as_secs_f64() / 1e6;
+    println!("date: {}", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    println!("| export of {n} events (best of 3) | bytes | time | MB/s |");
+    println!("|---|---|---|---|");
+    println!(
+        "| psql COPY row_to_json (baseline) | {} | {:.2?} | {:.1} |",
+        best_copy.0,
+        best_copy.1,
+        rate(best_copy)
+    );
+    println!(
+        "| GET /v1/runs/{{id}}/events.jsonl | {} | {:.2?} | {:.1} |",
+        best_ours.0,
+        best_ours.1,
+        rate(best_ours)
+    );
+    println!("ratio (ours / COPY, bytes per second): {:.2}", rate(best_ours) / rate(best_copy));
+    println!(
+        "server RSS: {:.1} MiB before, peak {:.1} MiB while exporting {:.0} MB three times",
+        rss_before as f64 / 1024.0,
+        peak as f64 / 1024.0,
+        best_ours.0 as f64 / 1e6
+    );
+    let _ = owner.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
+}
+
+/// psql wants a URL or conninfo; the tests' key=value form works as conninfo.
+fn pg_url(url: &str) -> String {
+    url.to_owned()
+}

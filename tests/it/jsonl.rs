@@ -304,3 +304,40 @@ async fn the_dialect_validators_refuse_broken_streams() {
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains(" 0 failed"), "{stdout}");
 }
+
+/// `agent-stream export` and `agent-stream import` do what the routes do, from the
+/// command line (no terminal here, so no progress bar in the output).
+#[tokio::test]
+async fn the_export_and_import_commands_round_trip_a_run() {
+    let t = TestApp::new().await;
+    let run = finished_run(&t, 13, 60).await;
+    let dir = std::env::temp_dir().join(format!("agent-stream-cli-{}", t.db.schema));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("run.jsonl");
+    let cli = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_agent-stream"))
+            .args(args)
+            .args(["--schema", &t.db.schema])
+            .env("DATABASE_URL", &t.db.url)
+            .env("AGENT_STREAM_KEY", &t.key_a)
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("agent-stream runs")
+    };
+    let out = cli(&["export", &run, "--out", file.to_str().expect("path")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let exported = std::fs::read_to_string(&file).expect("file");
+    let (_, via_http) = get_text(&t, &t.key_a, &format!("/v1/runs/{run}/events.jsonl")).await;
+    assert_eq!(exported, via_http, "the command writes what the route serves");
+    let out = cli(&["import", file.to_str().expect("path")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let copy = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let (_, again) = get_text(&t, &t.key_a, &format!("/v1/runs/{copy}/events.jsonl")).await;
+    assert_eq!(without_ids(&exported), without_ids(&again));
+    // A bad file is refused with its line and writes nothing.
+    std::fs::write(&file, "{\"seq\":1}\n").expect("write");
+    let out = cli(&["import", file.to_str().expect("path")]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 1"), "{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}

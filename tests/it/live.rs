@@ -582,6 +582,43 @@ mod graphql_ws {
     }
 
     #[tokio::test]
+    async fn run_events_with_a_format_carries_each_events_items_in_that_dialect() {
+        let t = TestApp::new().await;
+        let run = t.create_run(&t.key_a).await;
+        t.append_ok(
+            &t.key_a,
+            &run,
+            json!([
+                {"type": "run.lifecycle", "payload": {"state": "running"}},
+                {"type": "text.delta", "payload": {"text": "hi"}},
+                {"type": "run.lifecycle", "payload": {"state": "done"}},
+            ]),
+        )
+        .await;
+        let mut ws = connect(&t, "graphql-transport-ws", &t.key_a).await;
+        assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack");
+        let q = "subscription($run: ID!) { runEvents(runId: $run, format: \"agui\") { seq encoded } }";
+        send(&mut ws, json!({"id": "1", "type": "subscribe", "payload": {"query": q, "variables": {"run": run}}})).await;
+        let mut types = vec![];
+        loop {
+            let m = recv(&mut ws).await.expect("message");
+            if m["type"] == "complete" {
+                break;
+            }
+            let e = &m["payload"]["data"]["runEvents"];
+            for item in e["encoded"].as_array().expect("encoded items") {
+                types.push((e["seq"].as_i64().unwrap(), item["type"].as_str().unwrap().to_owned()));
+            }
+        }
+        let names: Vec<&str> = types.iter().map(|(_, t)| t.as_str()).collect();
+        assert_eq!(
+            names,
+            ["RUN_STARTED", "CUSTOM", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END", "RUN_FINISHED"]
+        );
+        assert_eq!(types[3].0, 2, "each item rides on the event it came from");
+    }
+
+    #[tokio::test]
     async fn a_bad_key_in_connection_init_closes_the_socket() {
         let t = TestApp::new().await;
         let mut ws = connect(

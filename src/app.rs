@@ -71,6 +71,8 @@ pub struct App {
     pub live: crate::live::Live,
     /// Key lookups.
     pub auth: Authenticator,
+    /// Process metrics.
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Limits and options.
     pub settings: Settings,
 }
@@ -81,13 +83,15 @@ pub type AppRef = Arc<App>;
 impl App {
     /// Wraps a pool and settings.
     pub fn new(db: Db, settings: Settings) -> AppRef {
-        let live = crate::live::Live::start(db.url.clone(), db.schema.clone());
+        let metrics = Arc::new(crate::metrics::Metrics::default());
+        let live = crate::live::Live::start(db.url.clone(), db.schema.clone(), metrics.clone());
         Arc::new(App {
             live,
             db,
             guards: Guards::default(),
             views: ViewCache::default(),
             auth: Authenticator::default(),
+            metrics,
             settings,
         })
     }
@@ -123,7 +127,11 @@ impl App {
             .into_iter()
             .map(|(line, l)| storage::import::Imported { ts: l.ts, event: l.event, line })
             .collect();
-        let run = storage::import::import_run(&self.db, &who.tenant_id, &events).await?;
+        let run = storage::import::import_run(&self.db, &who.tenant_id, &events).await;
+        let counted =
+            run.as_ref().ok().map(|r| AppendOutcome { first_seq: 1, last_seq: r.last_seq, replayed: false });
+        self.count(counted.as_ref());
+        let run = run?;
         self.live.committed(&who.tenant_id, &run.run_id, run.last_seq);
         Ok(run)
     }
@@ -132,9 +140,26 @@ impl App {
     pub async fn append(&self, who: &Principal, run_id: &str, batch: &Batch) -> Result<AppendOutcome> {
         who.require(Scope::Write)?;
         let out =
-            storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer).await?;
+            storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer).await;
+        self.count(out.as_ref().ok());
+        let out = out?;
         self.committed(who, run_id, &out);
         Ok(out)
+    }
+
+    /// Counts a write (`None`: refused) in the metrics.
+    fn count(&self, out: Option<&AppendOutcome>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let m = &self.metrics;
+        match out {
+            Some(o) if o.replayed => _ = m.appends_replayed.fetch_add(1, Relaxed),
+            Some(o) => {
+                m.appends.fetch_add(1, Relaxed);
+                m.commit_groups.fetch_add(1, Relaxed);
+                m.events.fetch_add((o.last_seq - o.first_seq + 1) as u64, Relaxed);
+            }
+            None => _ = m.appends_rejected.fetch_add(1, Relaxed),
+        }
     }
 
     /// Tells live subscribers (here and in other processes) about a write.
@@ -211,7 +236,9 @@ impl App {
         let out = storage::append::append_control(&self.db, &self.guards, &who.tenant_id, run_id, move |g| {
             action.events(g, &key_id)
         })
-        .await?;
+        .await;
+        self.count(out.as_ref().ok());
+        let out = out?;
         self.committed(who, run_id, &out);
         Ok(out)
     }

@@ -56,6 +56,8 @@ pub struct Principal {
     pub key_id: String,
     /// What the key may do.
     pub scopes: Vec<Scope>,
+    /// SHA-256 of the presented key, so open streams can re-check it (never logged).
+    pub(crate) key_hash: [u8; 32],
 }
 
 impl Principal {
@@ -129,7 +131,17 @@ impl Authenticator {
         if !well_formed(key) {
             return Ok(None);
         }
-        let hash = hash_key(key);
+        self.lookup_hash(db, hash_key(key)).await
+    }
+
+    /// True while the key behind `who` is still valid (not revoked): open streams ask
+    /// this as they go, so a revoked key stops them within [`AUTH_CACHE_TTL`] plus the
+    /// time between checks.
+    pub async fn still_valid(&self, db: &Db, who: &Principal) -> Result<bool> {
+        Ok(self.lookup_hash(db, who.key_hash).await?.is_some())
+    }
+
+    async fn lookup_hash(&self, db: &Db, hash: [u8; 32]) -> Result<Option<Principal>> {
         if let Some((p, at)) = self.cache_get(&hash) {
             if at.elapsed() < AUTH_CACHE_TTL {
                 return Ok(p);
@@ -142,6 +154,7 @@ impl Authenticator {
             tenant_id: r.get(0),
             key_id: r.get(1),
             scopes: r.get::<_, Vec<String>>(2).iter().filter_map(|s| Scope::parse(s)).collect(),
+            key_hash: hash,
         });
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if cache.len() >= AUTH_CACHE_MAX {

@@ -31,6 +31,7 @@ pub mod export;
 pub mod graphql;
 pub mod http;
 pub mod live;
+pub mod metrics;
 pub mod projection;
 pub mod server;
 pub mod storage;

@@ -2,6 +2,7 @@
 
 pub mod error;
 pub mod extract;
+mod health;
 mod jsonl;
 mod replay;
 mod runs;
@@ -27,6 +28,8 @@ pub fn router(app: AppRef) -> Router {
     let cors = cors(&app.settings.cors_origins);
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(health::ready))
+        .route("/metrics", get(health::metrics))
         .route("/v1/runs", post(runs::create))
         .route("/v1/runs/{run_id}", get(runs::get))
         .route("/v1/runs/{run_id}/events", post(runs::append).get(runs::list))

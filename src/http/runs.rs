@@ -75,6 +75,9 @@ pub(crate) async fn append(
         batch.expected_last_seq = Some(expected);
     }
     let out = app.append(&who, &run_id, &batch).await?;
+    if !out.replayed {
+        app.metrics.append_bytes.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
     let status = if out.replayed { StatusCode::OK } else { StatusCode::CREATED };
     Ok((status, Json(out)).into_response())
 }

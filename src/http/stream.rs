@@ -133,9 +133,14 @@ pub(super) trait Source {
     fn next_batch(&mut self) -> impl std::future::Future<Output = Option<Vec<crate::domain::Event>>> + Send;
     /// How far behind the newest committed event the consumer is.
     fn behind(&self) -> i64;
+    /// Told how many deltas were dropped for this consumer.
+    fn note_dropped(&self, _n: u64) {}
 }
 
 impl Source for Tail {
+    fn note_dropped(&self, n: u64) {
+        self.note_dropped(n);
+    }
     async fn next_batch(&mut self) -> Option<Vec<crate::domain::Event>> {
         Tail::next_batch(self).await
     }
@@ -209,7 +214,11 @@ impl<S: Source> Sending<S> {
             for e in &batch {
                 items.extend(self.enc.push(e));
             }
-            self.dropped += shed(&mut items, behind, self.shedding);
+            let dropped = shed(&mut items, behind, self.shedding);
+            if dropped > 0 {
+                self.dropped += dropped;
+                self.source.note_dropped(dropped);
+            }
             if self.raw {
                 if items.is_empty() {
                     continue;

@@ -44,6 +44,7 @@ pub struct Live {
     /// Shared per-run reads.
     pub feeds: std::sync::Arc<Feeds>,
     outbox: mpsc::Sender<(String, String, i64)>,
+    listening: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// `application_name` of the LISTEN connection (PostgreSQL keeps 63 bytes of it).
@@ -59,13 +60,19 @@ pub fn channel(schema: &str) -> String {
 impl Live {
     /// Starts the notifier, the listener and the safety poll for `schema`, using owner
     /// connections to `url`. Tasks run until the process ends.
-    pub fn start(url: String, schema: String) -> Live {
+    pub fn start(url: String, schema: String, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Live {
         let hub = std::sync::Arc::new(Hub::default());
         let (outbox, rx) = mpsc::channel(65_536);
+        let listening = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         tokio::spawn(notifier(url.clone(), schema.clone(), rx));
-        tokio::spawn(listener(url.clone(), schema.clone(), hub.clone()));
+        tokio::spawn(listener(url.clone(), schema.clone(), hub.clone(), listening.clone(), metrics));
         tokio::spawn(safety_poll(url, schema, hub.clone()));
-        Live { hub, feeds: Default::default(), outbox }
+        Live { hub, feeds: Default::default(), outbox, listening }
+    }
+
+    /// True while the LISTEN connection is up (readiness).
+    pub fn listening(&self) -> bool {
+        self.listening.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Joins a run's shared feed (see [`Feeds::join`]).
@@ -99,8 +106,10 @@ async fn notifier(url: String, schema: String, mut rx: mpsc::Receiver<(String, S
             *e = (*e).max(s);
         }
         let mut payloads = vec![String::new()];
+        let sent_ms = chrono::Utc::now().timestamp_millis();
         for ((t, r), s) in newest {
-            let line = format!("{t} {r} {s}\n");
+            // The send time lets receivers measure notification lag.
+            let line = format!("{t} {r} {s} {sent_ms}\n");
             if payloads.last().is_some_and(|p| p.len() + line.len() > MAX_PAYLOAD) {
                 payloads.push(String::new());
             }
@@ -121,10 +130,18 @@ async fn notifier(url: String, schema: String, mut rx: mpsc::Receiver<(String, S
     }
 }
 
-async fn listener(url: String, schema: String, hub: std::sync::Arc<Hub>) {
+async fn listener(
+    url: String,
+    schema: String,
+    hub: std::sync::Arc<Hub>,
+    listening: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        match listen_once(&url, &schema, &hub).await {
+        let result = listen_once(&url, &schema, &hub, &listening, &metrics).await;
+        listening.store(false, std::sync::atomic::Ordering::Relaxed);
+        match result {
             Ok(()) => backoff = Duration::from_millis(100),
             Err(e) => tracing::warn!(error = %e, "LISTEN connection lost; reconnecting"),
         }
@@ -134,7 +151,13 @@ async fn listener(url: String, schema: String, hub: std::sync::Arc<Hub>) {
 }
 
 /// One LISTEN session: returns when the connection ends.
-async fn listen_once(url: &str, schema: &str, hub: &Hub) -> anyhow::Result<()> {
+async fn listen_once(
+    url: &str,
+    schema: &str,
+    hub: &Hub,
+    listening: &std::sync::atomic::AtomicBool,
+    metrics: &crate::metrics::Metrics,
+) -> anyhow::Result<()> {
     use futures::StreamExt;
     let mut cfg: tokio_postgres::Config = url.parse()?;
     // Named so operators (and the fault tests) can find this process's listener.
@@ -155,6 +178,7 @@ async fn listen_once(url: &str, schema: &str, hub: &Hub) -> anyhow::Result<()> {
         Ok(())
     });
     client.batch_execute(&format!("LISTEN {}", quote_ident(&channel(schema)))).await?;
+    listening.store(true, std::sync::atomic::Ordering::Relaxed);
     // Anything committed while we were not listening is only in the rows.
     hub.wake_all();
     while let Some(payload) = rx.recv().await {
@@ -164,6 +188,10 @@ async fn listen_once(url: &str, schema: &str, hub: &Hub) -> anyhow::Result<()> {
                 (parts.next(), parts.next(), parts.next().map(str::parse))
             {
                 hub.publish(t, r, s);
+                if let Some(Ok(sent)) = parts.next().map(str::parse::<i64>) {
+                    let lag = chrono::Utc::now().timestamp_millis().saturating_sub(sent).max(0);
+                    metrics.notify_lag(lag as u64);
+                }
             }
         }
     }

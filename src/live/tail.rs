@@ -30,7 +30,21 @@ pub struct Tail {
     live: bool,
     /// The newest seq known to be committed.
     newest: tokio::sync::watch::Receiver<i64>,
+    /// When the caller's key was last confirmed valid.
+    key_checked: tokio::time::Instant,
+    /// When this tail last read rows itself or got a page.
+    last_read: tokio::time::Instant,
     done: bool,
+}
+
+/// How often an open stream re-checks its key (revocation stops it within this plus
+/// the key cache's 2 s).
+pub const KEY_RECHECK: Duration = Duration::from_secs(2);
+
+impl Drop for Tail {
+    fn drop(&mut self) {
+        self.app.metrics.subscribers.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// True for the run's own terminal lifecycle event: nothing follows it.
@@ -44,7 +58,21 @@ impl Tail {
     pub fn new(app: AppRef, who: Principal, run_id: String, cursor: i64) -> Tail {
         let pages = app.live.join(&app.db, &who.tenant_id, &run_id, cursor);
         let newest = app.live.hub.subscribe(&who.tenant_id, &run_id);
-        Tail { app, who, run_id, cursor, pages, catching_up: true, live: false, newest, done: false }
+        app.metrics.subscribers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let key_checked = tokio::time::Instant::now();
+        Tail {
+            app,
+            who,
+            run_id,
+            cursor,
+            pages,
+            catching_up: true,
+            live: false,
+            newest,
+            key_checked,
+            last_read: key_checked,
+            done: false,
+        }
     }
 
     /// How many committed events a live subscriber has not been handed yet; 0 while it
@@ -55,6 +83,11 @@ impl Tail {
         } else {
             0
         }
+    }
+
+    /// Counts deltas a transport dropped for this subscriber (a metric).
+    pub fn note_dropped(&self, n: u64) {
+        self.app.metrics.dropped_deltas.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The seq of the last event handed out.
@@ -81,9 +114,32 @@ impl Tail {
         Some(evs)
     }
 
+    /// False once the caller's key was revoked (checked every [`KEY_RECHECK`]).
+    async fn key_valid(&mut self) -> bool {
+        if self.key_checked.elapsed() < KEY_RECHECK {
+            return true;
+        }
+        match self.app.auth.still_valid(&self.app.db, &self.who).await {
+            Ok(valid) => {
+                self.key_checked = tokio::time::Instant::now();
+                if !valid {
+                    tracing::info!(run = %self.run_id, key_id = %self.who.key_id, "key revoked; closing its stream");
+                }
+                valid
+            }
+            // The database is away: keep the stream; the next check decides.
+            Err(_) => true,
+        }
+    }
+
     async fn next_raw(&mut self) -> Option<Vec<Event>> {
         loop {
+            if !self.key_valid().await {
+                self.done = true;
+                return None;
+            }
             if self.catching_up {
+                self.last_read = tokio::time::Instant::now();
                 self.app.live.feeds.count_read();
                 match self.app.events(&self.who, &self.run_id, self.cursor, PAGE, &Filter::default()).await {
                     Ok((_, evs)) if evs.is_empty() => {
@@ -97,13 +153,15 @@ impl Tail {
                     }
                 }
             }
-            match tokio::time::timeout(REREAD, self.pages.recv()).await {
-                Ok(Ok(page)) => match page.first() {
-                    // A page that starts beyond our cursor: we joined between two reads.
-                    Some(first) if first.seq > self.cursor + 1 => self.catching_up = true,
-                    _ if page.last().is_some_and(|e| e.seq > self.cursor) => return Some(page.to_vec()),
-                    _ => {}
-                },
+            match tokio::time::timeout(KEY_RECHECK.min(REREAD), self.pages.recv()).await {
+                Ok(Ok(page)) => {
+                    match page.first().inspect(|_| self.last_read = tokio::time::Instant::now()) {
+                        // A page that starts beyond our cursor: we joined between two reads.
+                        Some(first) if first.seq > self.cursor + 1 => self.catching_up = true,
+                        _ if page.last().is_some_and(|e| e.seq > self.cursor) => return Some(page.to_vec()),
+                        _ => {}
+                    }
+                }
                 // Fell behind the feed's buffer: read on our own, then rejoin the flow.
                 Ok(Err(RecvError::Lagged(_))) => self.catching_up = true,
                 Ok(Err(RecvError::Closed)) => {
@@ -111,8 +169,13 @@ impl Tail {
                         self.app.live.join(&self.app.db, &self.who.tenant_id, &self.run_id, self.cursor);
                     self.catching_up = true;
                 }
-                // Quiet for a while: check the rows anyway (cheap, covers a lost wake-up).
-                Err(_) => self.catching_up = true,
+                // Quiet for a while: check the key, and the rows once in a while
+                // (cheap, covers a lost wake-up).
+                Err(_) => {
+                    if self.last_read.elapsed() >= REREAD {
+                        self.catching_up = true;
+                    }
+                }
             }
         }
     }

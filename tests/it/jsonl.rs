@@ -338,6 +338,10 @@ async fn the_export_and_import_commands_round_trip_a_run() {
     std::fs::write(&file, "{\"seq\":1}\n").expect("write");
     let out = cli(&["import", file.to_str().expect("path")]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("line 1"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("line 1"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

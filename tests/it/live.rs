@@ -598,7 +598,11 @@ mod graphql_ws {
         let mut ws = connect(&t, "graphql-transport-ws", &t.key_a).await;
         assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack");
         let q = "subscription($run: ID!) { runEvents(runId: $run, format: \"agui\") { seq encoded } }";
-        send(&mut ws, json!({"id": "1", "type": "subscribe", "payload": {"query": q, "variables": {"run": run}}})).await;
+        send(
+            &mut ws,
+            json!({"id": "1", "type": "subscribe", "payload": {"query": q, "variables": {"run": run}}}),
+        )
+        .await;
         let mut types = vec![];
         loop {
             let m = recv(&mut ws).await.expect("message");
@@ -613,7 +617,14 @@ mod graphql_ws {
         let names: Vec<&str> = types.iter().map(|(_, t)| t.as_str()).collect();
         assert_eq!(
             names,
-            ["RUN_STARTED", "CUSTOM", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END", "RUN_FINISHED"]
+            [
+                "RUN_STARTED",
+                "CUSTOM",
+                "TEXT_MESSAGE_START",
+                "TEXT_MESSAGE_CONTENT",
+                "TEXT_MESSAGE_END",
+                "RUN_FINISHED"
+            ]
         );
         assert_eq!(types[3].0, 2, "each item rides on the event it came from");
     }

@@ -8,6 +8,7 @@ mod graphql;
 mod jsonl;
 mod live;
 mod migrations;
+mod ops;
 mod projection;
 mod tenancy;
 mod validation;

@@ -1,0 +1,32 @@
+//! `/readyz` (can this process serve: database and listener up) and `/metrics`.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::app::AppRef;
+
+/// `GET /readyz`: 200 when the database answers within 2 s and the LISTEN connection
+/// is up; 503 naming what is down otherwise (load balancers stop sending traffic).
+pub(crate) async fn ready(State(app): State<AppRef>) -> Response {
+    let db = tokio::time::timeout(Duration::from_secs(2), async {
+        let c = app.db.pool.get().await.ok()?;
+        c.simple_query("SELECT 1").await.ok().map(|_| ())
+    })
+    .await
+    .ok()
+    .flatten()
+    .is_some();
+    let listener = app.live.listening();
+    let status = if db && listener { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(json!({"ready": db && listener, "database": db, "listener": listener}))).into_response()
+}
+
+/// `GET /metrics`: Prometheus text format.
+pub(crate) async fn metrics(State(app): State<AppRef>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render(&app)).into_response()
+}

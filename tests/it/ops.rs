@@ -1,0 +1,99 @@
+//! Operability: readiness, metrics, and keys revoked under open streams.
+
+use std::time::{Duration, Instant};
+
+use agent_stream::auth::Scope;
+use agent_stream::storage::tenants;
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::common::TestApp;
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
+}
+
+#[tokio::test]
+async fn readyz_reports_database_and_listener_and_metrics_count_what_happened() {
+    let t = TestApp::new().await;
+    // The listener connects in the background; readiness follows within moments.
+    let mut ready = Value::Null;
+    for _ in 0..50 {
+        let r = t.http.get(format!("{}/readyz", t.base)).send().await.expect("readyz");
+        let status = r.status();
+        ready = r.json().await.expect("json");
+        if status == StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(ready, json!({"ready": true, "database": true, "listener": true}));
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}, {"type": "text.delta", "payload": {"text": "x"}}]))
+        .await;
+    let (status, _) = t.append(&t.key_a, &run, &json!([{"type": "nope"}])).await;
+    assert!(status.is_client_error());
+    let text =
+        t.http.get(format!("{}/metrics", t.base)).send().await.expect("metrics").text().await.expect("text");
+    assert_eq!(metric(&text, "agent_stream_appends_total"), 1.0);
+    assert_eq!(metric(&text, "agent_stream_events_appended_total"), 2.0);
+    assert_eq!(metric(&text, "agent_stream_commit_groups_total"), 1.0);
+    assert!(metric(&text, "agent_stream_append_bytes_total") > 50.0);
+    assert_eq!(metric(&text, "agent_stream_listener_up"), 1.0);
+    assert_eq!(metric(&text, "agent_stream_subscribers"), 0.0);
+    // Parse errors are refused before the append path; the counter covers the path's own refusals.
+    let (status, _) = t
+        .append(&t.key_a, &run, &json!([{"type": "tool.end", "payload": {"call_id": "x", "ok": true}}]))
+        .await;
+    assert!(status.is_client_error());
+    let text =
+        t.http.get(format!("{}/metrics", t.base)).send().await.expect("metrics").text().await.expect("text");
+    assert_eq!(metric(&text, "agent_stream_appends_rejected_total"), 1.0);
+}
+
+/// A key revoked while its SSE stream is open stops that stream within 5 seconds.
+#[tokio::test]
+async fn a_revoked_key_stops_its_open_stream_within_5_s() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    let key = t.key_for_a(&[Scope::Read]).await;
+    let r = t
+        .http
+        .get(format!("{}/v1/runs/{run}/stream?detail=full", t.base))
+        .bearer_auth(&key.secret)
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(r.status(), StatusCode::OK);
+    let mut body = r.bytes_stream();
+    let first = body.next().await.expect("first frame").expect("bytes");
+    assert!(
+        String::from_utf8_lossy(&first).contains("id: 1") || String::from_utf8_lossy(&first).contains("id:1")
+    );
+    let metrics = t.http.get(format!("{}/metrics", t.base)).send().await.unwrap().text().await.unwrap();
+    assert_eq!(metric(&metrics, "agent_stream_subscribers"), 1.0);
+    let owner = t.db.owner().await;
+    assert!(tenants::revoke_key(&owner, &key.key_id).await.expect("revoke"));
+    let revoked = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(8), async {
+        while let Some(chunk) = body.next().await {
+            if chunk.is_err() {
+                break;
+            }
+        }
+    })
+    .await;
+    let took = revoked.elapsed();
+    assert!(ended.is_ok() && took < Duration::from_secs(5), "the stream ended {took:?} after the revocation");
+    // Appends made with other keys meanwhile were not delivered to it, and the key is dead.
+    let r = t.http.get(format!("{}/v1/runs/{run}", t.base)).bearer_auth(&key.secret).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let metrics = t.http.get(format!("{}/metrics", t.base)).send().await.unwrap().text().await.unwrap();
+    assert_eq!(metric(&metrics, "agent_stream_subscribers"), 0.0);
+}

@@ -27,6 +27,8 @@ pub struct Settings {
     pub cors_origins: Option<Vec<String>>,
     /// Largest JSONL file `POST /v1/runs/import` takes, in bytes.
     pub max_import_bytes: usize,
+    /// Per-tenant append rate limit (`None`: unlimited).
+    pub append_rate: Option<crate::ratelimit::RateLimit>,
     /// Live SSE shedding: a client this many events behind the run's newest seq loses
     /// reasoning deltas, and at [`Shedding::text_behind`] text deltas too.
     pub shedding: Shedding,
@@ -53,6 +55,7 @@ impl Default for Settings {
             limits: Default::default(),
             max_body_bytes: 16 << 20,
             max_import_bytes: 1 << 30,
+            append_rate: Some(crate::ratelimit::RateLimit::default()),
             cors_origins: Some(vec![]),
             shedding: Shedding::default(),
         }
@@ -73,6 +76,8 @@ pub struct App {
     pub auth: Authenticator,
     /// Process metrics.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Per-tenant append buckets.
+    pub limiter: crate::ratelimit::RateLimiter,
     /// Limits and options.
     pub settings: Settings,
 }
@@ -92,6 +97,7 @@ impl App {
             views: ViewCache::default(),
             auth: Authenticator::default(),
             metrics,
+            limiter: Default::default(),
             settings,
         })
     }
@@ -121,6 +127,7 @@ impl App {
     /// is, and a bad line writes nothing.
     pub async fn import(&self, who: &Principal, body: &[u8]) -> Result<RunInfo> {
         who.require(Scope::Write)?;
+        self.admit(who)?;
         let lines =
             crate::domain::jsonl::parse_export(body, self.settings.limits).map_err(Error::Rejected)?;
         let events: Vec<storage::import::Imported> = lines
@@ -139,12 +146,20 @@ impl App {
     /// Appends a producer's batch.
     pub async fn append(&self, who: &Principal, run_id: &str, batch: &Batch) -> Result<AppendOutcome> {
         who.require(Scope::Write)?;
+        self.admit(who)?;
         let out =
             storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer).await;
         self.count(out.as_ref().ok());
         let out = out?;
         self.committed(who, run_id, &out);
         Ok(out)
+    }
+
+    /// Takes one append from the tenant's rate-limit bucket.
+    fn admit(&self, who: &Principal) -> Result<()> {
+        self.limiter.check(self.settings.append_rate, &who.tenant_id).inspect_err(|_| {
+            self.metrics.rate_limited.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        })
     }
 
     /// Counts a write (`None`: refused) in the metrics.
@@ -232,6 +247,7 @@ impl App {
     /// Applies a user's control action, written by the service under the run's lock.
     pub async fn control(&self, who: &Principal, run_id: &str, action: Control) -> Result<AppendOutcome> {
         who.require(Scope::Write)?;
+        self.admit(who)?;
         let key_id = who.key_id.clone();
         let out = storage::append::append_control(&self.db, &self.guards, &who.tenant_id, run_id, move |g| {
             action.events(g, &key_id)

@@ -74,6 +74,8 @@ pub enum ErrorCode {
     NotFound,
     /// A tenant or key with that name already exists.
     AlreadyExists,
+    /// The tenant's append rate limit is reached; retry after `Retry-After`.
+    RateLimited,
     /// The database is unreachable or overloaded; retry later.
     Unavailable,
     /// An unexpected server-side failure (details are logged, not sent).
@@ -117,6 +119,7 @@ impl ErrorCode {
             InvalidParameter => "PARAM-INVALID",
             NotFound => "NOT-FOUND",
             AlreadyExists => "ALREADY-EXISTS",
+            RateLimited => "RATE-LIMITED",
             Unavailable => "SERVICE-UNAVAILABLE",
             Internal => "INTERNAL",
         }

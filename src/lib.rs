@@ -33,6 +33,7 @@ pub mod http;
 pub mod live;
 pub mod metrics;
 pub mod projection;
+pub mod ratelimit;
 pub mod server;
 pub mod storage;
 #[doc(hidden)]

@@ -70,6 +70,9 @@ enum Command {
         /// Most events in one append.
         #[arg(long, env = "AGENT_STREAM_MAX_BATCH_EVENTS", default_value_t = 10_000)]
         max_batch_events: usize,
+        /// Appends per second each tenant may sustain (0: no limit); bursts of twice that.
+        #[arg(long, env = "AGENT_STREAM_APPEND_RATE", default_value_t = 10_000.0)]
+        append_rate: f64,
     },
     /// Apply pending schema migrations and exit.
     Migrate {
@@ -329,11 +332,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             max_body_bytes,
             max_event_bytes,
             max_batch_events,
+            append_rate,
         } => {
             let settings = Settings {
                 limits: Limits { max_event_bytes, max_batch_events },
                 max_body_bytes,
                 cors_origins: Some(cors_origin.into_iter().filter(|o| !o.is_empty()).collect()),
+                append_rate: (append_rate > 0.0).then_some(agent_stream::ratelimit::RateLimit {
+                    per_sec: append_rate,
+                    burst: append_rate * 2.0,
+                }),
                 ..Settings::default()
             };
             server::serve(ServeOptions { db: db.choice(), listen, pool_size, settings }).await

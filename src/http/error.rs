@@ -27,6 +27,7 @@ pub fn status(code: ErrorCode) -> StatusCode {
         UnknownType | InvalidPayload | Reserved | ToolUnknownCall | ToolDuplicateCall | ToolCallEnded
         | MessageUnknown | MessageDuplicate | MessageEnded | MessageTextMismatch | LifecycleIllegal
         | ChildUnknown | ChildDuplicate => StatusCode::UNPROCESSABLE_ENTITY,
+        RateLimited => StatusCode::TOO_MANY_REQUESTS,
         Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -43,7 +44,7 @@ impl IntoResponse for Error {
         let mut resp = (status(code), Json(json!({ "error": body }))).into_response();
         let headers = resp.headers_mut();
         match code {
-            ErrorCode::Unavailable => {
+            ErrorCode::Unavailable | ErrorCode::RateLimited => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             ErrorCode::AuthMissing | ErrorCode::AuthInvalid => {

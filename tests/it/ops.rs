@@ -97,3 +97,45 @@ async fn a_revoked_key_stops_its_open_stream_within_5_s() {
     let metrics = t.http.get(format!("{}/metrics", t.base)).send().await.unwrap().text().await.unwrap();
     assert_eq!(metric(&metrics, "agent_stream_subscribers"), 0.0);
 }
+
+/// A tenant over its append rate gets 429 with Retry-After and nothing is written;
+/// other tenants are unaffected, and the bucket refills.
+#[tokio::test]
+async fn appends_over_the_tenant_rate_get_429_with_retry_after() {
+    use agent_stream::app::Settings;
+    use agent_stream::ratelimit::RateLimit;
+    let settings =
+        Settings { append_rate: Some(RateLimit { per_sec: 2.0, burst: 4.0 }), ..Default::default() };
+    let t = TestApp::with_settings(settings).await;
+    let run = t.create_run(&t.key_a).await;
+    let delta = json!([{"type": "text.delta", "payload": {"text": "x"}}]);
+    let mut statuses = vec![];
+    let mut retry_after = None;
+    for _ in 0..6 {
+        let r = t
+            .http
+            .post(format!("{}/v1/runs/{run}/events", t.base))
+            .bearer_auth(&t.key_a)
+            .json(&delta)
+            .send()
+            .await
+            .expect("append");
+        statuses.push(r.status().as_u16());
+        if r.status() == StatusCode::TOO_MANY_REQUESTS {
+            retry_after = r.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let body: Value = r.json().await.expect("json");
+            assert_eq!(body["error"]["code"], "RATE-LIMITED");
+        }
+    }
+    let written = statuses.iter().filter(|s| **s == 201).count() as i64;
+    let limited = statuses.iter().filter(|s| **s == 429).count();
+    eprintln!("statuses {statuses:?}");
+    assert!(limited >= 1 && written <= 5, "{statuses:?}");
+    assert!(statuses.iter().all(|s| *s == 201 || *s == 429), "no 5xx: {statuses:?}");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    assert_eq!(t.stored_count(&t.tenant_a, &run).await, written, "a refused append wrote nothing");
+    let other = t.create_run(&t.key_b).await;
+    t.append_ok(&t.key_b, &other, delta.clone()).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    t.append_ok(&t.key_a, &run, delta).await;
+}

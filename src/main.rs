@@ -73,6 +73,21 @@ enum Command {
         /// Appends per second each tenant may sustain (0: no limit); bursts of twice that.
         #[arg(long, env = "AGENT_STREAM_APPEND_RATE", default_value_t = 10_000.0)]
         append_rate: f64,
+        #[command(flatten)]
+        retention: RetentionArgs,
+        /// Seconds between retention sweeps (0: never).
+        #[arg(long, env = "AGENT_STREAM_RETENTION_INTERVAL", default_value_t = 3600)]
+        retention_interval: u64,
+    },
+    /// Delete finished runs past their retention (whole runs, with their events).
+    Retention {
+        /// List what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        retention: RetentionArgs,
+        #[command(flatten)]
+        db: DbArgs,
     },
     /// Apply pending schema migrations and exit.
     Migrate {
@@ -147,8 +162,44 @@ enum AnalystCmd {
     },
 }
 
+#[derive(Args, Clone, Copy)]
+struct RetentionArgs {
+    /// Days a `done` run is kept after it ended (tenants may override).
+    #[arg(long, env = "AGENT_STREAM_RETENTION_DONE_DAYS", default_value_t = 90)]
+    retention_done_days: i32,
+    /// Days an `aborted` or `error` run is kept after it ended (tenants may override).
+    #[arg(long, env = "AGENT_STREAM_RETENTION_FAILED_DAYS", default_value_t = 30)]
+    retention_failed_days: i32,
+}
+
+impl RetentionArgs {
+    fn policy(self) -> anyhow::Result<agent_stream::storage::retention::Policy> {
+        anyhow::ensure!(
+            self.retention_done_days > 0 && self.retention_failed_days > 0,
+            "retention days must be 1 or more"
+        );
+        Ok(agent_stream::storage::retention::Policy {
+            done_days: self.retention_done_days,
+            failed_days: self.retention_failed_days,
+        })
+    }
+}
+
 #[derive(Subcommand)]
 enum TenantCmd {
+    /// Set a tenant's retention override (omit a value to use the service default).
+    Retention {
+        /// Tenant name.
+        name: String,
+        /// Days its `done` runs are kept.
+        #[arg(long)]
+        done_days: Option<i32>,
+        /// Days its `aborted` and `error` runs are kept.
+        #[arg(long)]
+        failed_days: Option<i32>,
+        #[command(flatten)]
+        db: DbArgs,
+    },
     /// Create a tenant; prints a new read+write key as the last line.
     Create {
         /// Tenant name: lowercase letters, digits, `-` and `_`.
@@ -333,6 +384,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             max_event_bytes,
             max_batch_events,
             append_rate,
+            retention,
+            retention_interval,
         } => {
             let settings = Settings {
                 limits: Limits { max_event_bytes, max_batch_events },
@@ -344,7 +397,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }),
                 ..Settings::default()
             };
-            server::serve(ServeOptions { db: db.choice(), listen, pool_size, settings }).await
+            let every = (retention_interval > 0).then(|| std::time::Duration::from_secs(retention_interval));
+            let retention = (retention.policy()?, every);
+            server::serve(ServeOptions { db: db.choice(), listen, pool_size, settings, retention }).await
         }
         Command::Migrate { db } => {
             let database = Database::open(&db.choice()).await?;
@@ -352,6 +407,39 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             database.close().await?;
             let report = report?;
             println!("applied {:?}; already present {:?}", report.applied, report.skipped);
+            Ok(())
+        }
+        Command::Retention { dry_run, retention, db } => {
+            let policy = retention.policy()?;
+            let report = with_owner(&db, async |c| {
+                Ok(agent_stream::storage::retention::sweep(c, policy, dry_run).await?)
+            })
+            .await?;
+            for r in &report.runs {
+                println!(
+                    "{} {} {} ended {} ({} events)",
+                    r.tenant_id,
+                    r.run_id,
+                    r.state,
+                    r.ended_at.to_rfc3339(),
+                    r.events
+                );
+            }
+            let verb = if dry_run { "would delete" } else { "deleted" };
+            println!("{verb} {} runs with {} events", report.runs.len(), report.events());
+            Ok(())
+        }
+        Command::Tenant { cmd: TenantCmd::Retention { name, done_days, failed_days, db } } => {
+            anyhow::ensure!(
+                done_days.is_none_or(|d| d > 0) && failed_days.is_none_or(|d| d > 0),
+                "retention days must be 1 or more"
+            );
+            let found = with_owner(&db, async |c| {
+                Ok(agent_stream::storage::retention::set_override(c, &name, done_days, failed_days).await?)
+            })
+            .await?;
+            anyhow::ensure!(found, "no tenant named `{name}`");
+            println!("tenant `{name}`: done runs kept {:?} days, aborted/error {:?} days (None: the service default)", done_days, failed_days);
             Ok(())
         }
         Command::Tenant { cmd: TenantCmd::Create { name, db } } => {

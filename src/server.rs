@@ -76,6 +76,8 @@ pub struct ServeOptions {
     pub pool_size: usize,
     /// Limits and CORS.
     pub settings: Settings,
+    /// Default retention, and how often the sweep runs (`None`: never).
+    pub retention: (crate::storage::retention::Policy, Option<std::time::Duration>),
 }
 
 /// Runs the service until Ctrl-C or SIGTERM.
@@ -107,6 +109,9 @@ async fn serve_on(database: &Database, opts: &ServeOptions) -> anyhow::Result<()
     })?;
     db.check().await.context("connecting as the service role")?;
     let app = App::new(db, settings);
+    if let (policy, Some(every)) = opts.retention {
+        tokio::spawn(retention_loop(database.url.clone(), database.schema.clone(), policy, every));
+    }
     let listener =
         TcpListener::bind(opts.listen).await.with_context(|| format!("binding {}", opts.listen))?;
     let addr = listener.local_addr()?;
@@ -138,6 +143,35 @@ fn write_private(path: &std::path::Path, contents: &str) -> anyhow::Result<()> {
     let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
     writeln!(f, "{contents}")?;
     Ok(())
+}
+
+/// The periodic retention sweep (the only deleting path), on its own owner connection.
+async fn retention_loop(
+    url: String,
+    schema: String,
+    policy: crate::storage::retention::Policy,
+    every: std::time::Duration,
+) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let result = async {
+            let mut owner = crate::storage::db::connect_owner(&url, &schema).await?;
+            crate::storage::retention::sweep(&mut owner, policy, false).await
+        }
+        .await;
+        match result {
+            Ok(r) if !r.runs.is_empty() => {
+                tracing::info!(
+                    runs = r.runs.len(),
+                    events = r.events(),
+                    "retention sweep deleted expired runs"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "retention sweep failed; retrying at the next interval"),
+        }
+    }
 }
 
 async fn shutdown_signal() {

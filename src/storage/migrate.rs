@@ -24,6 +24,7 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0002_analyst_views.sql",
         sql: include_str!("../../sql/0002_analyst_views.sql"),
     },
+    Migration { version: 3, name: "0003_retention.sql", sql: include_str!("../../sql/0003_retention.sql") },
 ];
 
 /// What a migration run did.

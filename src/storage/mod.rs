@@ -8,6 +8,7 @@ pub mod embedded;
 pub mod events;
 pub mod import;
 pub mod migrate;
+pub mod retention;
 pub mod runs;
 pub mod tenants;
 pub mod views;

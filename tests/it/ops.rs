@@ -139,3 +139,91 @@ async fn appends_over_the_tenant_rate_get_429_with_retry_after() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     t.append_ok(&t.key_a, &run, delta).await;
 }
+
+/// Retention deletes whole finished runs past their time (done 90 days, aborted/error
+/// 30, per-tenant overrides), sub-runs before parents, and nothing else; a dry run
+/// deletes nothing.
+#[tokio::test]
+async fn retention_deletes_whole_expired_runs_and_only_those() {
+    use agent_stream::storage::retention::{set_override, sweep, Policy};
+    let t = TestApp::new().await;
+    let mut owner = t.db.owner().await;
+    async fn finished(t: &TestApp, key: &str, state: &str, parent: Option<&str>) -> String {
+        let run = match parent {
+            None => t.create_run(key).await,
+            Some(p) => {
+                let r = t
+                    .http
+                    .post(format!("{}/v1/runs", t.base))
+                    .bearer_auth(key)
+                    .json(&json!({"parent_run_id": p}))
+                    .send()
+                    .await
+                    .unwrap();
+                r.json::<Value>().await.unwrap()["run_id"].as_str().unwrap().to_owned()
+            }
+        };
+        let mut evs = vec![
+            json!({"type": "run.lifecycle", "payload": {"state": "running"}}),
+            json!({"type": "text.delta", "payload": {"text": "x"}}),
+        ];
+        if state != "running" {
+            evs.push(json!({"type": "run.lifecycle", "payload": {"state": state}}));
+        }
+        t.append_ok(key, &run, Value::Array(evs)).await;
+        run
+    }
+    async fn age(owner: &tokio_postgres::Client, run: String, days: i32) {
+        owner
+            .execute(
+                "UPDATE runs SET ended_at = now() - make_interval(days => $2) WHERE run_id = $1",
+                &[&run, &days],
+            )
+            .await
+            .expect("age");
+    }
+    let old_done = finished(&t, &t.key_a, "done", None).await;
+    let young_done = finished(&t, &t.key_a, "done", None).await;
+    let old_aborted = finished(&t, &t.key_a, "aborted", None).await;
+    let mid_error = finished(&t, &t.key_a, "error", None).await;
+    let running = finished(&t, &t.key_a, "running", None).await;
+    let parent = finished(&t, &t.key_a, "done", None).await;
+    let child = finished(&t, &t.key_a, "done", Some(&parent)).await;
+    let b_old_done = finished(&t, &t.key_b, "done", None).await;
+    age(&owner, old_done.clone(), 100).await;
+    age(&owner, young_done.clone(), 10).await;
+    age(&owner, old_aborted.clone(), 31).await;
+    age(&owner, mid_error.clone(), 29).await;
+    age(&owner, parent.clone(), 100).await;
+    age(&owner, child.clone(), 100).await;
+    age(&owner, b_old_done.clone(), 100).await;
+    assert!(set_override(&owner, "b", Some(365), None).await.expect("override"));
+
+    let dry = sweep(&mut owner, Policy::default(), true).await.expect("dry run");
+    let mut due: Vec<String> = dry.runs.iter().map(|r| r.run_id.clone()).collect();
+    due.sort();
+    let mut want = vec![old_done.clone(), old_aborted.clone(), child.clone()];
+    want.sort();
+    assert_eq!(due, want, "due first: expired runs without sub-runs");
+    async fn stored(t: &TestApp, run: &str) -> i64 {
+        t.stored_count(&t.tenant_a, run).await + t.stored_count(&t.tenant_b, run).await
+    }
+    assert_eq!(stored(&t, &old_done).await, 2 + 1, "a dry run deletes nothing");
+
+    let report = sweep(&mut owner, Policy::default(), false).await.expect("sweep");
+    let mut deleted: Vec<String> = report.runs.iter().map(|r| r.run_id.clone()).collect();
+    deleted.sort();
+    let mut want = vec![old_done.clone(), old_aborted.clone(), child.clone(), parent.clone()];
+    want.sort();
+    assert_eq!(deleted, want, "the parent goes once its sub-run is gone");
+    for run in &want {
+        assert_eq!(stored(&t, run).await, 0, "no event of a deleted run is left");
+        let r = t.http.get(format!("{}/v1/runs/{run}", t.base)).bearer_auth(&t.key_a).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    }
+    for run in [&young_done, &mid_error, &running] {
+        assert!(stored(&t, run).await > 0, "{run} is kept");
+    }
+    assert_eq!(t.stored_count(&t.tenant_b, &b_old_done).await, 3, "tenant b keeps done runs for 365 days");
+    assert!(sweep(&mut owner, Policy::default(), false).await.expect("again").runs.is_empty(), "idempotent");
+}

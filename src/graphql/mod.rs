@@ -8,8 +8,8 @@ mod subscription;
 use async_graphql::http::GraphiQLSource;
 use async_graphql::http::ALL_WEBSOCKET_PROTOCOLS;
 use async_graphql::{Data, Schema};
+use async_graphql_axum::{GraphQLBatchRequest, GraphQLResponse};
 use async_graphql_axum::{GraphQLProtocol, GraphQLWebSocket};
-use async_graphql_axum::{GraphQLRequest, GraphQLResponse};
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::State;
 use axum::response::{Html, IntoResponse};
@@ -28,6 +28,8 @@ pub type AgentSchema = Schema<Query, Mutation, Subscription>;
 pub const MAX_DEPTH: usize = 12;
 /// Most expensive query accepted (async-graphql's default cost of 1 per field).
 pub const MAX_COMPLEXITY: usize = 2_000;
+/// Most operations in one batched request (a JSON array of requests).
+pub const MAX_BATCH: usize = 10;
 
 /// Builds the schema (without per-request data).
 pub fn build_schema() -> AgentSchema {
@@ -58,13 +60,44 @@ async fn graphql(State(app): State<AppRef>, req: axum::extract::Request) -> axum
         Err(e) => return e.into_response(),
     };
     let req = axum::extract::Request::from_parts(parts, body);
-    let gql = match <GraphQLRequest as axum::extract::FromRequest<()>>::from_request(req, &()).await {
+    let gql = match <GraphQLBatchRequest as axum::extract::FromRequest<()>>::from_request(req, &()).await {
         Ok(r) => r.into_inner(),
         Err(rej) => return rej.into_response(),
     };
+    if let async_graphql::BatchRequest::Batch(ops) = &gql {
+        if ops.len() > MAX_BATCH {
+            let msg = format!("a batch may hold at most {MAX_BATCH} operations; this one has {}", ops.len());
+            let body =
+                serde_json::json!({"errors": [{"message": msg, "extensions": {"code": "PARAM-INVALID"}}]});
+            return (axum::http::StatusCode::BAD_REQUEST, axum::Json(body)).into_response();
+        }
+    }
     let schema = build_schema_cached();
-    let resp: GraphQLResponse = schema.execute(gql.data(app.clone()).data(caller)).await.into();
-    resp.into_response()
+    let gql = match gql {
+        async_graphql::BatchRequest::Single(r) => {
+            async_graphql::BatchRequest::Single(r.data(app.clone()).data(caller))
+        }
+        async_graphql::BatchRequest::Batch(ops) => async_graphql::BatchRequest::Batch(
+            ops.into_iter().map(|r| r.data(app.clone()).data(caller.clone())).collect(),
+        ),
+    };
+    let mut resp = schema.execute_batch(gql).await;
+    match &mut resp {
+        async_graphql::BatchResponse::Single(r) => with_codes(r),
+        async_graphql::BatchResponse::Batch(rs) => rs.iter_mut().for_each(with_codes),
+    }
+    GraphQLResponse::from(resp).into_response()
+}
+
+/// Gives errors raised before execution (syntax, validation, depth and complexity
+/// limits) a code too, so every error a client sees has `extensions.code`.
+fn with_codes(r: &mut async_graphql::Response) {
+    for e in &mut r.errors {
+        let ext = e.extensions.get_or_insert_with(Default::default);
+        if ext.get("code").is_none() {
+            ext.set("code", "QUERY-INVALID");
+        }
+    }
 }
 
 fn build_schema_cached() -> &'static AgentSchema {

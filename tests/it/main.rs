@@ -5,6 +5,7 @@ mod auth;
 mod common;
 mod embedded;
 mod graphql;
+mod hostile;
 mod jsonl;
 mod live;
 mod migrations;

@@ -78,6 +78,8 @@ pub struct App {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Per-tenant append buckets.
     pub limiter: crate::ratelimit::RateLimiter,
+    /// Set when the process starts shutting down: live streams end cleanly.
+    stopping: tokio::sync::watch::Sender<bool>,
     /// Limits and options.
     pub settings: Settings,
 }
@@ -98,8 +100,20 @@ impl App {
             auth: Authenticator::default(),
             metrics,
             limiter: Default::default(),
+            stopping: tokio::sync::watch::channel(false).0,
             settings,
         })
+    }
+
+    /// Starts a graceful shutdown: open live streams end cleanly (clients resume from
+    /// their cursor); requests in flight finish.
+    pub fn shut_down(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// A receiver that turns true when the process starts shutting down.
+    pub fn stopping(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.stopping.subscribe()
     }
 
     /// Resolves a presented key (`None` when the request carried none).

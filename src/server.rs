@@ -116,7 +116,12 @@ async fn serve_on(database: &Database, opts: &ServeOptions) -> anyhow::Result<()
         TcpListener::bind(opts.listen).await.with_context(|| format!("binding {}", opts.listen))?;
     let addr = listener.local_addr()?;
     println!("agent-stream listening on http://{addr} (GraphiQL at http://{addr}/graphql)");
-    axum::serve(listener, crate::http::router(app)).with_graceful_shutdown(shutdown_signal()).await?;
+    let draining = app.clone();
+    let stop = async move {
+        shutdown_signal().await;
+        draining.shut_down();
+    };
+    axum::serve(listener, crate::http::router(app)).with_graceful_shutdown(stop).await?;
     tracing::info!("shut down");
     Ok(())
 }

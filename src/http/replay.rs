@@ -48,6 +48,10 @@ struct Paced {
 
 impl Source for Paced {
     async fn next_batch(&mut self) -> Option<Vec<Event>> {
+        let mut stopping = self.app.stopping();
+        if *stopping.borrow_and_update() {
+            return None;
+        }
         if self.page.is_empty() {
             if self.cursor >= self.upto {
                 return None;
@@ -65,7 +69,11 @@ impl Source for Paced {
         let e = self.page.pop_front()?;
         if let Some(prev) = self.last_ts {
             let gap = (e.ts - prev).to_std().unwrap_or_default();
-            tokio::time::sleep(gap.div_f64(self.speed)).await;
+            tokio::select! {
+                _ = tokio::time::sleep(gap.div_f64(self.speed)) => {}
+                // Shutting down: end now; the client resumes after its last id.
+                _ = stopping.changed() => return None,
+            }
         }
         self.last_ts = Some(e.ts);
         self.cursor = e.seq;

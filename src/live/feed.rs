@@ -25,8 +25,9 @@ pub type Page = Arc<Vec<Event>>;
 
 /// Events one feed read returns at most.
 const FEED_PAGE: i64 = 1000;
-/// Pages a slow subscriber may lag before it reads for itself.
-const FEED_BUFFER: usize = 256;
+/// Pages a slow subscriber may lag before it reads for itself. The channel keeps the
+/// last this many pages whatever the subscribers do, so it bounds the feed's memory.
+const FEED_BUFFER: usize = 32;
 
 /// Per-run feeds and the read counter.
 #[derive(Default)]

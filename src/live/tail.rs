@@ -133,7 +133,14 @@ impl Tail {
     }
 
     async fn next_raw(&mut self) -> Option<Vec<Event>> {
+        let mut stopping = self.app.stopping();
         loop {
+            if *stopping.borrow_and_update() {
+                // The process is shutting down: end cleanly; the client resumes from
+                // its cursor on another instance (or this one, restarted).
+                self.done = true;
+                return None;
+            }
             if !self.key_valid().await {
                 self.done = true;
                 return None;
@@ -153,7 +160,11 @@ impl Tail {
                     }
                 }
             }
-            match tokio::time::timeout(KEY_RECHECK.min(REREAD), self.pages.recv()).await {
+            let waited = tokio::select! {
+                r = tokio::time::timeout(KEY_RECHECK.min(REREAD), self.pages.recv()) => r,
+                _ = stopping.changed() => continue,
+            };
+            match waited {
                 Ok(Ok(page)) => {
                     match page.first().inspect(|_| self.last_read = tokio::time::Instant::now()) {
                         // A page that starts beyond our cursor: we joined between two reads.

@@ -173,6 +173,22 @@ impl TestApp {
         tenants::create_key(&mut owner, "a", scopes, None).await.expect("key")
     }
 
+    /// [`TestApp::append_ok`] against another server (`base`) on the same schema.
+    pub async fn append_ok_at(&self, base: &str, key: &str, run: &str, events: Value) -> (i64, i64) {
+        let r = self
+            .http
+            .post(format!("{base}/v1/runs/{run}/events"))
+            .bearer_auth(key)
+            .json(&events)
+            .send()
+            .await
+            .expect("append");
+        let status = r.status();
+        let v: Value = r.json().await.expect("json");
+        assert!(status.is_success(), "append failed: {status} {v}");
+        (v["first_seq"].as_i64().expect("first"), v["last_seq"].as_i64().expect("last"))
+    }
+
     /// `POST /v1/runs` as `key`; returns the run id.
     pub async fn create_run(&self, key: &str) -> String {
         let r = self.http.post(format!("{}/v1/runs", self.base)).bearer_auth(key).send().await.expect("send");

@@ -4,6 +4,7 @@ mod append;
 mod auth;
 mod common;
 mod embedded;
+mod faults;
 mod graphql;
 mod hostile;
 mod jsonl;

@@ -1,0 +1,262 @@
+//! Faults against a real `agent-stream serve` process: SIGKILL in the middle of an
+//! append batch, SIGTERM while appends and streams are open, and a client that never
+//! reads. Each ends with its counts.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+use crate::common::TestApp;
+
+/// A server process on the test's schema.
+struct Server {
+    child: tokio::process::Child,
+    base: String,
+}
+
+impl Server {
+    async fn start(t: &TestApp) -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("port");
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agent-stream"))
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--schema",
+                &t.db.schema,
+                "--retention-interval",
+                "0",
+            ])
+            .env("DATABASE_URL", &t.db.url)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn agent-stream");
+        let base = format!("http://127.0.0.1:{port}");
+        for _ in 0..200 {
+            if reqwest::get(format!("{base}/healthz")).await.is_ok() {
+                return Server { child, base };
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("server did not start");
+    }
+
+    fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.child.id().expect("pid") as i32)
+    }
+
+    fn signal(&self, s: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(self.pid(), s).expect("signal");
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+fn batch(n: usize, tag: usize) -> Value {
+    Value::Array((0..n).map(|i| json!({"type": "text.delta", "payload": {"text": format!("{tag}-{i} {}", "y".repeat(200))}})).collect())
+}
+
+/// SIGKILL while big batches are being appended: each batch is stored whole or not at
+/// all, and the log stays gapless.
+#[tokio::test]
+async fn sigkill_mid_batch_leaves_whole_batches_or_none() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    let server = Server::start(&t).await;
+    let http = reqwest::Client::new();
+    let (n, batches) = (5_000usize, 6usize);
+    let mut sends = vec![];
+    for b in 0..batches {
+        let (http, url, key, body) =
+            (http.clone(), format!("{}/v1/runs/{run}/events", server.base), t.key_a.clone(), batch(n, b));
+        sends.push(tokio::spawn(async move {
+            http.post(url).bearer_auth(key).json(&body).send().await.map(|r| r.status().as_u16())
+        }));
+    }
+    // Kill once the first batch has committed, with the next ones in flight.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while t.stored_count(&t.tenant_a, &run).await == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    server.signal(nix::sys::signal::Signal::SIGKILL);
+    let mut acked = 0;
+    for s in sends {
+        if let Ok(Ok(201)) = s.await {
+            acked += 1;
+        }
+    }
+    let stored = t.stored_count(&t.tenant_a, &run).await;
+    let owner = t.db.owner().await;
+    let max: Option<i64> = owner
+        .query_one("SELECT max(seq) FROM agent_run_events WHERE run_id = $1", &[&run])
+        .await
+        .expect("max")
+        .get(0);
+    let last_seq: i64 =
+        owner.query_one("SELECT last_seq FROM runs WHERE run_id = $1", &[&run]).await.expect("run").get(0);
+    eprintln!(
+        "sent {batches} batches of {n}; acknowledged {acked}; stored {stored} events ({} whole batches)",
+        stored as usize / n
+    );
+    assert_eq!(stored as usize % n, 0, "only whole batches are stored");
+    assert!(stored as usize >= acked * n, "every acknowledged batch is stored");
+    assert_eq!(max.unwrap_or(0), stored, "gapless");
+    assert_eq!(last_seq, stored, "the run row agrees with the log");
+    // The log takes appends again after the crash, continuing the seqs.
+    let (first, _) = t.append_ok(&t.key_a, &run, batch(1, 99)).await;
+    assert_eq!(first, stored + 1);
+}
+
+/// SIGTERM drains: the append in flight finishes, open SSE streams end cleanly, the
+/// process exits, and a client resumes from its Last-Event-ID on a new process with
+/// nothing lost or repeated.
+#[tokio::test]
+async fn sigterm_drains_appends_and_closes_streams_cleanly() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    let mut server = Server::start(&t).await;
+    let http = reqwest::Client::new();
+    let r = http
+        .get(format!("{}/v1/runs/{run}/stream?detail=full", server.base))
+        .bearer_auth(&t.key_a)
+        .send()
+        .await
+        .expect("stream");
+    let mut body = r.bytes_stream();
+    let mut text = String::new();
+    let reader = tokio::spawn(async move {
+        let mut clean = true;
+        while let Some(chunk) = body.next().await {
+            match chunk {
+                Ok(c) => text.push_str(&String::from_utf8_lossy(&c)),
+                Err(_) => {
+                    clean = false;
+                    break;
+                }
+            }
+        }
+        (text, clean)
+    });
+    // An append whose body arrives in two halves, SIGTERM in between: the request is in
+    // flight when the shutdown starts, and must still finish.
+    let body = serde_json::to_vec(&batch(2_000, 1)).expect("json");
+    let (half_tx, half_rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(2);
+    let (first, second) = body.split_at(body.len() / 2);
+    half_tx.send(Ok(first.to_vec())).await.expect("first half");
+    let append = {
+        let stream = tokio_stream::wrappers::ReceiverStream::new(half_rx);
+        let req = http
+            .post(format!("{}/v1/runs/{run}/events", server.base))
+            .bearer_auth(&t.key_a)
+            .header("content-type", "application/json")
+            .body(reqwest::Body::wrap_stream(stream));
+        tokio::spawn(async move { req.send().await.map(|r| r.status().as_u16()) })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.signal(nix::sys::signal::Signal::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    half_tx.send(Ok(second.to_vec())).await.expect("second half");
+    drop(half_tx);
+    let status = append.await.expect("task");
+    eprintln!("append in flight at SIGTERM answered {status:?}");
+    let exited = tokio::time::timeout(Duration::from_secs(20), server.child.wait()).await;
+    assert!(exited.is_ok_and(|s| s.is_ok_and(|s| s.success())), "the process exits by itself, successfully");
+    let (text, clean) =
+        tokio::time::timeout(Duration::from_secs(5), reader).await.expect("stream ended").expect("task");
+    assert!(clean, "the stream ended with a clean close, not a reset");
+    let ids: Vec<i64> =
+        text.lines().filter_map(|l| l.strip_prefix("id:")).filter_map(|v| v.trim().parse().ok()).collect();
+    let stored = t.stored_count(&t.tenant_a, &run).await;
+    assert_eq!(status.ok(), Some(201), "the append in flight finished");
+    assert_eq!(stored, 2_001, "all of it");
+    // Resume on a new process after the last id received.
+    let server2 = Server::start(&t).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "done"}}])).await;
+    let last = ids.last().copied().unwrap_or(0);
+    let rest = http
+        .get(format!("{}/v1/runs/{run}/stream?detail=full", server2.base))
+        .bearer_auth(&t.key_a)
+        .header("Last-Event-ID", last.to_string())
+        .send()
+        .await
+        .expect("resume")
+        .text()
+        .await
+        .expect("rest");
+    let mut all = ids.clone();
+    all.extend(
+        rest.lines().filter_map(|l| l.strip_prefix("id:")).filter_map(|v| v.trim().parse::<i64>().ok()),
+    );
+    let total = t.stored_count(&t.tenant_a, &run).await;
+    let want: Vec<i64> = (1..=total).collect();
+    eprintln!(
+        "before SIGTERM {} events received, after resume {}, stored {total}",
+        ids.len(),
+        all.len() - ids.len()
+    );
+    assert_eq!(all, want, "received each stored event exactly once across the shutdown");
+}
+
+/// A client that never reads cannot grow the server's memory without bound: the
+/// stream is pulled only as the socket drains, and the rest waits in the database.
+#[tokio::test]
+async fn a_client_that_never_reads_does_not_grow_server_memory() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    let server = Server::start(&t).await;
+    // Warm up the append path first, so the comparison is about the streams alone
+    // (the allocator keeps what a workload once needed).
+    for b in 0..40 {
+        t.append_ok_at(&server.base, &t.key_a, &run, batch(1_000, b)).await;
+    }
+    // Four streams that never read a byte after the headers.
+    let mut stalled = vec![];
+    for _ in 0..4 {
+        let r = reqwest::Client::new()
+            .get(format!("{}/v1/runs/{run}/stream?detail=full", server.base))
+            .bearer_auth(&t.key_a)
+            .send()
+            .await
+            .expect("stream");
+        stalled.push(r);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = server.rss_kib();
+    let started = Instant::now();
+    let mut rss = vec![];
+    for round in 0..2 {
+        for b in 0..40 {
+            // ~220 KB per batch, ~9 MB per round.
+            t.append_ok_at(&server.base, &t.key_a, &run, batch(1_000, 100 * round + b)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        rss.push(server.rss_kib());
+    }
+    eprintln!(
+        "appended 80000 events (~18 MB) in {:.1?} with 4 stalled streams; server RSS {before} -> {} -> {} KiB",
+        started.elapsed(),
+        rss[0],
+        rss[1]
+    );
+    // Buffering for 4 stalled streams would cost 4 × 18 MB; what grows is bounded (the
+    // feed keeps 32 pages, each stream at most one page in hand): the second round adds
+    // next to nothing, and the whole stays far below what buffering would take.
+    assert!(rss[1] < rss[0] + 6 * 1024, "RSS kept growing: {before} -> {rss:?} KiB");
+    assert!(rss[1] < before + 24 * 1024, "RSS grew from {before} to {rss:?} KiB");
+    drop(stalled);
+}

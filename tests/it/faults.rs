@@ -260,3 +260,97 @@ async fn a_client_that_never_reads_does_not_grow_server_memory() {
     assert!(rss[1] < before + 24 * 1024, "RSS grew from {before} to {rss:?} KiB");
     drop(stalled);
 }
+
+/// The database unreachable for 30 s: appends answer 503 with Retry-After (never 500),
+/// readiness says the database is down, and the service recovers by itself.
+#[tokio::test]
+async fn thirty_seconds_without_the_database_gives_503s_then_recovers() {
+    use agent_stream::storage::{embedded::Embedded, migrate, tenants, Db, DbConfig};
+    if agent_stream::storage::embedded::find_bin_dir().is_err() {
+        panic!("this test needs the PostgreSQL server binaries (initdb, pg_ctl)");
+    }
+    let dir = std::env::temp_dir().join(format!("agent-stream-outage-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let pg = Embedded::start(&dir).await.expect("private cluster");
+    let url = pg.url();
+    migrate::migrate(&url, "outage").await.expect("migrate");
+    let mut owner = agent_stream::storage::db::connect_owner(&url, "outage").await.expect("owner");
+    let key = tenants::create_tenant(
+        &mut owner,
+        "o",
+        &[agent_stream::auth::Scope::Read, agent_stream::auth::Scope::Write],
+    )
+    .await
+    .expect("tenant")
+    .secret;
+    drop(owner);
+    let db =
+        Db::new(&DbConfig { url: url.clone(), schema: "outage".into(), max_connections: 4 }).expect("pool");
+    let app = agent_stream::app::App::new(db, Default::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, agent_stream::http::router(app)).await });
+    let http = reqwest::Client::new();
+    let created: Value =
+        http.post(format!("{base}/v1/runs")).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
+    let run = created["run_id"].as_str().expect("run").to_owned();
+    let append = || {
+        http.post(format!("{base}/v1/runs/{run}/events"))
+            .bearer_auth(&key)
+            .json(&json!([{"type": "text.delta", "payload": {"text": "x"}}]))
+            .send()
+    };
+    assert_eq!(append().await.unwrap().status(), 201);
+
+    pg.stop().await.expect("stop");
+    let down = Instant::now();
+    let (mut sent, mut unavailable, mut other) = (0, 0, vec![]);
+    let mut ready_while_down = vec![];
+    while down.elapsed() < Duration::from_secs(30) {
+        let r = append().await.expect("the service answers");
+        sent += 1;
+        if r.status() == 503 && r.headers().get("retry-after").is_some() {
+            unavailable += 1;
+        } else {
+            other.push(r.status().as_u16());
+        }
+        ready_while_down.push(http.get(format!("{base}/readyz")).send().await.unwrap().status().as_u16());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let pg = Embedded::start(&dir).await.expect("database back");
+    let back = Instant::now();
+    let mut recovered = None;
+    while back.elapsed() < Duration::from_secs(30) {
+        if append().await.map(|r| r.status() == 201).unwrap_or(false) {
+            recovered = Some(back.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut ready = false;
+    for _ in 0..100 {
+        if http.get(format!("{base}/readyz")).send().await.unwrap().status() == 200 {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stored: i64 = agent_stream::storage::db::connect_owner(&url, "outage")
+        .await
+        .expect("owner")
+        .query_one("SELECT count(*) FROM agent_run_events WHERE run_id = $1", &[&run])
+        .await
+        .expect("count")
+        .get(0);
+    pg.stop().await.ok();
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!(
+        "30 s outage: {sent} appends sent, {unavailable} answered 503 + Retry-After, other answers {other:?}; \
+         recovered after {recovered:?}; stored {stored} (2 expected)"
+    );
+    assert!(other.is_empty(), "only 503 while the database is away: {other:?}");
+    assert!(ready_while_down.iter().all(|s| *s == 503), "readyz while down: {ready_while_down:?}");
+    assert!(recovered.is_some(), "appends work again without a restart of the service");
+    assert!(ready, "readyz is 200 again");
+    assert_eq!(stored, 2, "the appends refused during the outage wrote nothing");
+}

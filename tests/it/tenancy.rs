@@ -1,7 +1,8 @@
 //! Row-level security and the append-only rule, checked in SQL as the service role.
 
 use agent_stream::storage::db::SERVICE_ROLE;
-use serde_json::json;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
 
 use crate::common::TestApp;
 
@@ -144,4 +145,124 @@ async fn every_table_with_a_tenant_column_has_row_level_security() {
         let (name, rls, policies): (String, bool, i64) = (r.get(0), r.get(1), r.get(2));
         assert!(rls && policies > 0, "{name}: RLS {rls}, {policies} policies");
     }
+}
+
+/// Tenant B's key against tenant A's run on every read path: each answers exactly as
+/// for an id that does not exist (same status, code and body apart from the id), and
+/// nothing of A's shows up. Ends with the count of A's rows B saw.
+#[tokio::test]
+async fn every_read_path_answers_another_tenants_run_as_not_found() {
+    use futures::StreamExt;
+    use std::time::Instant;
+    let t = TestApp::new().await;
+    let run_a = t.create_run(&t.key_a).await;
+    t.append_ok(
+        &t.key_a,
+        &run_a,
+        json!([{"type": "run.lifecycle", "payload": {"state": "running"}}, {"type": "text.delta", "payload": {"text": "secret of A"}}]),
+    )
+    .await;
+    let ghost = ulid::Ulid::new().to_string();
+    let mut leaks = 0usize;
+    let paths = [
+        "/v1/runs/{}",
+        "/v1/runs/{}/events",
+        "/v1/runs/{}/view",
+        "/v1/runs/{}/stream",
+        "/v1/runs/{}/replay?speed=100",
+        "/v1/runs/{}/events.jsonl",
+        "/v1/runs/{}/stream?format=agui",
+    ];
+    for p in paths {
+        let get = |id: &str| {
+            let url = format!("{}{}", t.base, p.replace("{}", id));
+            let req = t.http.get(url).bearer_auth(&t.key_b);
+            async move {
+                let r = req.send().await.expect("send");
+                (r.status(), r.text().await.expect("body"))
+            }
+        };
+        let (sa, ba) = get(&run_a).await;
+        let (sg, bg) = get(&ghost).await;
+        assert_eq!(sa, StatusCode::NOT_FOUND, "{p}: {ba}");
+        assert_eq!(
+            (sa, ba.replace(&run_a, "ID")),
+            (sg, bg.replace(&ghost, "ID")),
+            "{p}: same answer as a missing run"
+        );
+        leaks += usize::from(ba.contains("secret of A"));
+    }
+    // GraphQL query and subscription.
+    let q = "query($id: ID!) { run(id: $id) { id lastSeq } events(runId: $id) { edges { node { seq } } } }";
+    let a = t.graphql(Some(&t.key_b), q, json!({"id": run_a})).await;
+    let g = t.graphql(Some(&t.key_b), q, json!({"id": ghost})).await;
+    assert_eq!(a.to_string().replace(&run_a, "ID"), g.to_string().replace(&ghost, "ID"));
+    assert!(a["data"].is_null() || a["data"]["run"].is_null(), "{a}");
+    leaks += usize::from(a.to_string().contains("secret of A"));
+    // The tenant-wide export holds none of A's rows for B.
+    let all_b = t
+        .http
+        .get(format!("{}/v1/events.jsonl", t.base))
+        .bearer_auth(&t.key_b)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    leaks += all_b.lines().filter(|l| l.contains(&run_a)).count();
+    // An import by B of A's export creates B's own run and leaves A's untouched.
+    let export = t
+        .http
+        .get(format!("{}/v1/runs/{run_a}/events.jsonl", t.base))
+        .bearer_auth(&t.key_a)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let r = t
+        .http
+        .post(format!("{}/v1/runs/import", t.base))
+        .bearer_auth(&t.key_b)
+        .body(export)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let copy: Value = r.json().await.unwrap();
+    assert_ne!(copy["run_id"], json!(run_a));
+    assert_eq!(t.stored_count(&t.tenant_a, &run_a).await, 2);
+    assert_eq!(t.stored_count(&t.tenant_b, copy["run_id"].as_str().unwrap()).await, 2);
+    // Timing: B's lookups of A's run and of a missing id take the same path (one
+    // RLS-filtered query); their medians stay close.
+    let time = |id: String| {
+        let (http, base, key) = (t.http.clone(), t.base.clone(), t.key_b.clone());
+        async move {
+            let mut v = vec![];
+            for _ in 0..15 {
+                let s = Instant::now();
+                let _ = http
+                    .get(format!("{base}/v1/runs/{id}/events"))
+                    .bearer_auth(&key)
+                    .send()
+                    .await
+                    .unwrap()
+                    .bytes_stream()
+                    .next()
+                    .await;
+                v.push(s.elapsed());
+            }
+            v.sort();
+            v[v.len() / 2]
+        }
+    };
+    let (ma, mg) = (time(run_a.clone()).await, time(ghost.clone()).await);
+    eprintln!("median lookup: A's run {ma:?}, missing run {mg:?}; A's rows seen by B: {leaks}");
+    assert!(
+        ma < mg * 4 + std::time::Duration::from_millis(5)
+            && mg < ma * 4 + std::time::Duration::from_millis(5)
+    );
+    assert_eq!(leaks, 0, "cross-tenant rows seen");
 }

@@ -215,22 +215,27 @@ async fn main() {
                 let mut body = r.bytes_stream();
                 ready.wait().await;
                 let mut buf = String::new();
+                let mut mine = Vec::with_capacity(EVENTS);
                 let mut seen = 0;
                 while seen < EVENTS {
                     let Some(Ok(chunk)) = body.next().await else { break };
                     let now = micros_since(base);
                     buf.push_str(&String::from_utf8_lossy(&chunk));
+                    // A frame's `id:` is its seq: a client knows what arrived without
+                    // parsing the JSON, so receipt is timed at the socket read.
                     while let Some(i) = buf.find("\n\n") {
-                        let frame: String = buf.drain(..i + 2).collect();
-                        if let Some(data) = frame.lines().find_map(|l| l.strip_prefix("data:")) {
-                            let v: Value = serde_json::from_str(data.trim()).unwrap_or_default();
-                            if let Some(seq) = v["seq"].as_i64() {
-                                lat.lock().unwrap_or_else(|p| p.into_inner()).push((seq, now));
-                                seen += 1;
-                            }
+                        let seq = buf[..i]
+                            .lines()
+                            .find_map(|l| l.strip_prefix("id:"))
+                            .and_then(|v| v.trim().parse::<i64>().ok());
+                        buf.drain(..i + 2);
+                        if let Some(seq) = seq {
+                            mine.push((seq, now));
+                            seen += 1;
                         }
                     }
                 }
+                lat.lock().unwrap_or_else(|p| p.into_inner()).extend(mine);
             }));
         }
         ready.wait().await;

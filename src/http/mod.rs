@@ -4,6 +4,7 @@ pub mod error;
 pub mod extract;
 mod health;
 mod jsonl;
+mod keys;
 mod replay;
 mod runs;
 mod stream;
@@ -39,6 +40,8 @@ pub fn router(app: AppRef) -> Router {
         .route("/v1/runs/{run_id}/events.jsonl", get(jsonl::export))
         .route("/v1/runs/import", post(jsonl::import))
         .route("/v1/events.jsonl", get(jsonl::export_all))
+        .route("/v1/keys", get(keys::list).post(keys::create))
+        .route("/v1/keys/{key_id}", axum::routing::delete(keys::revoke))
         .merge(crate::graphql::routes())
         .fallback(|| async { Error::reject(ErrorCode::NotFound, "no such route; see the README for the API") })
         .with_state(app)
@@ -62,7 +65,7 @@ fn cors(origins: &Option<Vec<String>>) -> CorsLayer {
     };
     CorsLayer::new()
         .allow_origin(allow)
-        .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+        .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
         .allow_headers([
             header::AUTHORIZATION,
             header::CONTENT_TYPE,

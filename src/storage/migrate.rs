@@ -25,6 +25,7 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../sql/0002_analyst_views.sql"),
     },
     Migration { version: 3, name: "0003_retention.sql", sql: include_str!("../../sql/0003_retention.sql") },
+    Migration { version: 4, name: "0004_key_admin.sql", sql: include_str!("../../sql/0004_key_admin.sql") },
 ];
 
 /// What a migration run did.

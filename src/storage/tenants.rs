@@ -98,6 +98,67 @@ async fn insert_key(
     Ok(IssuedKey { tenant_id: tenant_id.to_owned(), key_id: key.key_id, secret: key.secret })
 }
 
+/// A key as its tenant's admins see it (never the secret or its hash).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KeyInfo {
+    /// Public id.
+    pub key_id: String,
+    /// What it may do.
+    pub scopes: Vec<String>,
+    /// A note.
+    pub label: Option<String>,
+    /// When it was issued.
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// When it was revoked, if it was.
+    pub revoked_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// The keys of the tenant the service transaction is scoped to, newest first.
+pub async fn list_keys(tx: &tokio_postgres::Transaction<'_>, tenant_id: &str) -> Result<Vec<KeyInfo>> {
+    let rows = tx
+        .query(
+            "SELECT key_id, scopes, label, created_at, revoked_at FROM api_keys WHERE tenant_id = $1
+             ORDER BY created_at DESC, key_id",
+            &[&tenant_id],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| KeyInfo {
+            key_id: r.get(0),
+            scopes: r.get(1),
+            label: r.get(2),
+            created_at: r.get(3),
+            revoked_at: r.get(4),
+        })
+        .collect())
+}
+
+/// Issues a key for the tenant the service transaction is scoped to.
+pub async fn issue_key(
+    tx: &tokio_postgres::Transaction<'_>,
+    tenant_id: &str,
+    scopes: &[Scope],
+    label: Option<&str>,
+) -> Result<IssuedKey> {
+    insert_key(tx, tenant_id, scopes, label).await
+}
+
+/// Revokes one of the scoped tenant's keys; false when it has no such live key.
+pub async fn revoke_own_key(
+    tx: &tokio_postgres::Transaction<'_>,
+    tenant_id: &str,
+    key_id: &str,
+) -> Result<bool> {
+    let n = tx
+        .execute(
+            "UPDATE api_keys SET revoked_at = now() WHERE tenant_id = $1 AND key_id = $2 AND revoked_at IS NULL",
+            &[&tenant_id, &key_id],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
 fn valid_name(name: &str) -> bool {
     let b = name.as_bytes();
     !b.is_empty()

@@ -116,3 +116,93 @@ async fn keys_are_stored_hashed() {
         .get(0);
     assert_eq!(secret_in_db, 0);
 }
+
+/// Keys are scoped: a read key cannot append, a write key cannot manage keys; an admin
+/// key lists, issues and revokes its own tenant's keys and no other tenant's.
+#[tokio::test]
+async fn only_admin_keys_manage_keys_and_only_their_tenants() {
+    let t = TestApp::new().await;
+    let admin = t.key_for_a(&[Scope::Admin]).await.secret;
+    let read = t.key_for_a(&[Scope::Read]).await.secret;
+    let run = t.create_run(&t.key_a).await;
+    let (status, body) =
+        t.append(&read, &run, &json!([{"type": "text.delta", "payload": {"text": "x"}}])).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::FORBIDDEN, Some("AUTH-SCOPE")));
+    for key in [&t.key_a, &read] {
+        let r = t.http.get(format!("{}/v1/keys", t.base)).bearer_auth(key).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "a write or read key cannot list keys");
+        let r = t
+            .http
+            .post(format!("{}/v1/keys", t.base))
+            .bearer_auth(key)
+            .json(&json!({"scopes": ["admin"]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "nor issue them");
+    }
+    let r = t
+        .http
+        .post(format!("{}/v1/keys", t.base))
+        .bearer_auth(&admin)
+        .json(&json!({"scopes": ["read"], "label": "dashboard"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let issued: Value = r.json().await.unwrap();
+    let new_key = issued["key"].as_str().unwrap().to_owned();
+    let new_id = issued["key_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        t.http.get(format!("{}/v1/runs/{run}", t.base)).bearer_auth(&new_key).send().await.unwrap().status(),
+        StatusCode::OK
+    );
+    let listed: Value = t
+        .http
+        .get(format!("{}/v1/keys", t.base))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let keys = listed["keys"].as_array().unwrap();
+    assert!(keys.iter().any(|k| k["key_id"] == json!(new_id) && k["label"] == "dashboard"));
+    assert!(!listed.to_string().contains(&new_key[16..]), "no secret is ever listed");
+    // Tenant b's admin cannot see or revoke a's keys: a's key id is simply not found.
+    let mut owner = t.db.owner().await;
+    let admin_b = agent_stream::storage::tenants::create_key(&mut owner, "b", &[Scope::Admin], None)
+        .await
+        .unwrap()
+        .secret;
+    let listed_b: Value = t
+        .http
+        .get(format!("{}/v1/keys", t.base))
+        .bearer_auth(&admin_b)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(!listed_b.to_string().contains(&new_id));
+    let r = t.http.delete(format!("{}/v1/keys/{new_id}", t.base)).bearer_auth(&admin_b).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let r = t.http.delete(format!("{}/v1/keys/{new_id}", t.base)).bearer_auth(&admin).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    tokio::time::sleep(agent_stream::auth::AUTH_CACHE_TTL).await;
+    assert_eq!(
+        t.http.get(format!("{}/v1/runs/{run}", t.base)).bearer_auth(&new_key).send().await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    let r = t
+        .http
+        .post(format!("{}/v1/keys", t.base))
+        .bearer_auth(&admin)
+        .json(&json!({"scopes": ["root"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+}

@@ -1,0 +1,92 @@
+//! `/v1/keys`: a tenant's admins list, issue and revoke the tenant's own API keys
+//! (the `admin` scope; read and write keys get `403 AUTH-SCOPE`).
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::extract::{read_body, Caller};
+use crate::app::AppRef;
+use crate::auth::Scope;
+use crate::error::{Error, ErrorCode, Result};
+use crate::storage::db::tenant_tx;
+use crate::storage::tenants;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewKey {
+    scopes: Vec<String>,
+    #[serde(default)]
+    label: Option<String>,
+}
+
+/// `GET /v1/keys`: the tenant's keys (ids, scopes, labels, dates; never secrets).
+pub(crate) async fn list(State(app): State<AppRef>, Caller(who): Caller) -> Result<Response> {
+    who.require(Scope::Admin)?;
+    let mut client = app.db.pool.get().await?;
+    let tx = tenant_tx(&mut client, &who.tenant_id).await?;
+    let keys = tenants::list_keys(&tx, &who.tenant_id).await?;
+    tx.commit().await?;
+    Ok(Json(json!({ "keys": keys })).into_response())
+}
+
+/// `POST /v1/keys` with `{"scopes": ["read", …], "label": "…"}`: a new key, shown once.
+pub(crate) async fn create(
+    State(app): State<AppRef>,
+    Caller(who): Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response> {
+    who.require(Scope::Admin)?;
+    let bytes = read_body(&headers, body, 16 << 10).await?;
+    let req: NewKey = serde_json::from_slice(&bytes)
+        .map_err(|e| Error::reject(ErrorCode::BodyMalformed, format!("invalid body: {e}")))?;
+    let scopes = req
+        .scopes
+        .iter()
+        .map(|s| {
+            Scope::parse(s).ok_or_else(|| {
+                Error::reject(
+                    ErrorCode::InvalidParameter,
+                    format!("unknown scope `{s}`: use read, write or admin"),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if req.label.as_ref().is_some_and(|l| l.len() > 200) {
+        return Err(Error::reject(ErrorCode::InvalidParameter, "`label` is at most 200 bytes"));
+    }
+    let mut client = app.db.pool.get().await?;
+    let tx = tenant_tx(&mut client, &who.tenant_id).await?;
+    let key = tenants::issue_key(&tx, &who.tenant_id, &scopes, req.label.as_deref()).await?;
+    tx.commit().await?;
+    let scopes: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"key_id": key.key_id, "key": key.secret, "scopes": scopes, "label": req.label})),
+    )
+        .into_response())
+}
+
+/// `DELETE /v1/keys/{key_id}`: revokes one of the tenant's keys (open streams using it
+/// close within 5 s).
+pub(crate) async fn revoke(
+    State(app): State<AppRef>,
+    Caller(who): Caller,
+    Path(key_id): Path<String>,
+) -> Result<Response> {
+    who.require(Scope::Admin)?;
+    let mut client = app.db.pool.get().await?;
+    let tx = tenant_tx(&mut client, &who.tenant_id).await?;
+    let revoked = tenants::revoke_own_key(&tx, &who.tenant_id, &key_id).await?;
+    tx.commit().await?;
+    if revoked {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(Error::reject(ErrorCode::NotFound, format!("no live key `{key_id}` in this tenant")))
+    }
+}

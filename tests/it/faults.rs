@@ -151,6 +151,41 @@ async fn sigterm_drains_appends_and_closes_streams_cleanly() {
         }
         (text, clean)
     });
+    // A GraphQL subscription over WebSocket on the same run.
+    let ws_task = {
+        use futures::SinkExt;
+        use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+        let mut req =
+            format!("{}/graphql/ws", server.base.replace("http://", "ws://")).into_client_request().unwrap();
+        req.headers_mut().insert("Sec-WebSocket-Protocol", "graphql-transport-ws".parse().unwrap());
+        let (mut ws, _) = tokio_tungstenite::connect_async(req).await.expect("ws");
+        let init =
+            json!({"type": "connection_init", "payload": {"Authorization": format!("Bearer {}", t.key_a)}});
+        ws.send(Message::Text(init.to_string().into())).await.unwrap();
+        let sub = json!({"id": "1", "type": "subscribe", "payload": {"query": "subscription($r: ID!) { runEvents(runId: $r) { seq } }", "variables": {"r": run}}});
+        ws.send(Message::Text(sub.to_string().into())).await.unwrap();
+        tokio::spawn(async move {
+            let (mut seqs, mut completed, mut closed) = (vec![], false, false);
+            while let Some(m) = ws.next().await {
+                match m {
+                    Ok(Message::Text(t)) => {
+                        let v: Value = serde_json::from_str(&t).unwrap_or_default();
+                        match v["type"].as_str() {
+                            Some("next") => {
+                                seqs.push(v["payload"]["data"]["runEvents"]["seq"].as_i64().unwrap_or(-1))
+                            }
+                            Some("complete") => completed = true,
+                            _ => {}
+                        }
+                    }
+                    Ok(Message::Close(_)) => closed = true,
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+            (seqs, completed, closed)
+        })
+    };
     // An append whose body arrives in two halves, SIGTERM in between: the request is in
     // flight when the shutdown starts, and must still finish.
     let body = serde_json::to_vec(&batch(2_000, 1)).expect("json");
@@ -178,6 +213,11 @@ async fn sigterm_drains_appends_and_closes_streams_cleanly() {
     let (text, clean) =
         tokio::time::timeout(Duration::from_secs(5), reader).await.expect("stream ended").expect("task");
     assert!(clean, "the stream ended with a clean close, not a reset");
+    let (ws_seqs, completed, closed) =
+        tokio::time::timeout(Duration::from_secs(5), ws_task).await.expect("ws ended").expect("task");
+    eprintln!("WebSocket: {} events, complete = {completed}, close frame = {closed}", ws_seqs.len());
+    assert!(completed || closed, "the subscription ended with `complete` or a close frame");
+    assert_eq!(ws_seqs, (1..=ws_seqs.len() as i64).collect::<Vec<_>>(), "in order, nothing skipped");
     let ids: Vec<i64> =
         text.lines().filter_map(|l| l.strip_prefix("id:")).filter_map(|v| v.trim().parse().ok()).collect();
     let stored = t.stored_count(&t.tenant_a, &run).await;

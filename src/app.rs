@@ -27,6 +27,8 @@ pub struct Settings {
     pub cors_origins: Option<Vec<String>>,
     /// Largest JSONL file `POST /v1/runs/import` takes, in bytes.
     pub max_import_bytes: usize,
+    /// Group-commit lanes for producer appends (0: every append commits alone).
+    pub group_commit_lanes: usize,
     /// Per-tenant append rate limit (`None`: unlimited).
     pub append_rate: Option<crate::ratelimit::RateLimit>,
     /// Live SSE shedding: a client this many events behind the run's newest seq loses
@@ -56,6 +58,7 @@ impl Default for Settings {
             max_body_bytes: 16 << 20,
             max_import_bytes: 1 << 30,
             append_rate: Some(crate::ratelimit::RateLimit::default()),
+            group_commit_lanes: 4,
             cors_origins: Some(vec![]),
             shedding: Shedding::default(),
         }
@@ -67,7 +70,9 @@ pub struct App {
     /// The service's pool.
     pub db: Db,
     /// Per-run append guards.
-    pub guards: Guards,
+    pub guards: Arc<Guards>,
+    /// Group commit of producer appends (when enabled).
+    group: Option<storage::group::GroupCommit>,
     /// Folded views.
     pub views: ViewCache,
     /// Live fan-out and cross-process notifications.
@@ -91,11 +96,21 @@ impl App {
     /// Wraps a pool and settings.
     pub fn new(db: Db, settings: Settings) -> AppRef {
         let metrics = Arc::new(crate::metrics::Metrics::default());
+        let guards = Arc::new(Guards::default());
+        let group = (settings.group_commit_lanes > 0).then(|| {
+            storage::group::GroupCommit::start(
+                db.clone(),
+                guards.clone(),
+                metrics.clone(),
+                settings.group_commit_lanes,
+            )
+        });
         let live = crate::live::Live::start(db.url.clone(), db.schema.clone(), metrics.clone());
         Arc::new(App {
             live,
             db,
-            guards: Guards::default(),
+            guards,
+            group,
             views: ViewCache::default(),
             auth: Authenticator::default(),
             metrics,
@@ -161,8 +176,18 @@ impl App {
     pub async fn append(&self, who: &Principal, run_id: &str, batch: &Batch) -> Result<AppendOutcome> {
         who.require(Scope::Write)?;
         self.admit(who)?;
-        let out =
-            storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer).await;
+        let out = match &self.group {
+            Some(g) => g.append(&who.tenant_id, run_id, batch).await,
+            None => {
+                let out =
+                    storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer)
+                        .await;
+                if out.as_ref().is_ok_and(|o| !o.replayed) {
+                    self.metrics.commit_groups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                out
+            }
+        };
         self.count(out.as_ref().ok());
         let out = out?;
         self.committed(who, run_id, &out);
@@ -184,7 +209,6 @@ impl App {
             Some(o) if o.replayed => _ = m.appends_replayed.fetch_add(1, Relaxed),
             Some(o) => {
                 m.appends.fetch_add(1, Relaxed);
-                m.commit_groups.fetch_add(1, Relaxed);
                 m.events.fetch_add((o.last_seq - o.first_seq + 1) as u64, Relaxed);
             }
             None => _ = m.appends_rejected.fetch_add(1, Relaxed),
@@ -267,6 +291,9 @@ impl App {
             action.events(g, &key_id)
         })
         .await;
+        if out.as_ref().is_ok_and(|o| !o.replayed) {
+            self.metrics.commit_groups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.count(out.as_ref().ok());
         let out = out?;
         self.committed(who, run_id, &out);

@@ -40,7 +40,7 @@ pub struct AppendOutcome {
 }
 
 type RunKey = (String, String);
-type Slot = Arc<tokio::sync::Mutex<Option<RunGuard>>>;
+pub(crate) type Slot = Arc<tokio::sync::Mutex<Option<RunGuard>>>;
 
 /// Most runs whose guards stay cached; idle ones beyond it are dropped.
 const GUARD_CACHE_MAX: usize = 4096;
@@ -53,7 +53,7 @@ pub struct Guards {
 }
 
 impl Guards {
-    fn slot(&self, tenant: &str, run_id: &str) -> Slot {
+    pub(crate) fn slot(&self, tenant: &str, run_id: &str) -> Slot {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         if slots.len() >= GUARD_CACHE_MAX {
             // Drop guards nobody is using; they are rebuilt from the log on demand.
@@ -217,7 +217,7 @@ where
 /// same type, child and payload. A batch mixing stored and new keys is refused: the
 /// producer changed a batch it is retrying, and guessing which half it meant would be
 /// worse than saying so.
-async fn replay_if_retry(
+pub(crate) async fn replay_if_retry(
     tx: &deadpool_postgres::Transaction<'_>,
     tenant: &str,
     run_id: &str,
@@ -269,7 +269,7 @@ async fn replay_if_retry(
 }
 
 /// Folds the stored log into a guard (after a restart, or when another process appended).
-async fn rebuild_guard(
+pub(crate) async fn rebuild_guard(
     tx: &deadpool_postgres::Transaction<'_>,
     tenant: &str,
     run_id: &str,

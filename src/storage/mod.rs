@@ -6,6 +6,7 @@ pub mod append;
 pub mod db;
 pub mod embedded;
 pub mod events;
+pub mod group;
 pub mod import;
 pub mod migrate;
 pub mod retention;

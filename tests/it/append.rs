@@ -244,3 +244,92 @@ async fn sub_runs_record_parent_and_root() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
 }
+
+/// Group commit: 64 producers appending single events at once share transactions, and
+/// every append keeps its own answer: accepted ones get gapless seqs in their run,
+/// refused ones write nothing, retries are answered from the stored rows.
+#[tokio::test]
+async fn concurrent_single_event_appends_share_commits_and_keep_their_own_answers() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let t = TestApp::new().await;
+    let mut runs = vec![];
+    for _ in 0..16 {
+        let run = t.create_run(&t.key_a).await;
+        t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}]))
+            .await;
+        runs.push(run);
+    }
+    let groups_before = t.app.metrics.commit_groups.load(Relaxed);
+    let appends_before = t.app.metrics.appends.load(Relaxed);
+    let mut tasks = vec![];
+    for p in 0..64usize {
+        let (http, base, key, run) = (t.http.clone(), t.base.clone(), t.key_a.clone(), runs[p % 16].clone());
+        tasks.push(tokio::spawn(async move {
+            let mut answers = vec![];
+            for i in 0..20usize {
+                // Every 7th append is invalid (a tool.end for a call never started).
+                let body = if i % 7 == 3 {
+                    json!([{"type": "tool.end", "payload": {"call_id": format!("none-{p}-{i}"), "ok": true}}])
+                } else {
+                    json!([{"type": "text.delta", "key": format!("k-{p}-{i}"), "payload": {"text": format!("{p}.{i} ")}}])
+                };
+                let r = http.post(format!("{base}/v1/runs/{run}/events")).bearer_auth(&key).json(&body).send().await.unwrap();
+                let status = r.status().as_u16();
+                let v: Value = r.json().await.unwrap();
+                answers.push((i, status, v["first_seq"].as_i64(), body));
+            }
+            (run, answers)
+        }));
+    }
+    let mut accepted: std::collections::HashMap<String, Vec<i64>> = Default::default();
+    let (mut ok, mut refused) = (0, 0);
+    let mut retries = vec![];
+    for task in tasks {
+        let (run, answers) = task.await.unwrap();
+        for (i, status, seq, body) in answers {
+            if i % 7 == 3 {
+                assert!(status == 409 || status == 422, "invalid append refused: {status}");
+                refused += 1;
+            } else {
+                assert_eq!(status, 201);
+                accepted.entry(run.clone()).or_default().push(seq.unwrap());
+                ok += 1;
+                if i == 0 {
+                    retries.push((run.clone(), body, seq.unwrap()));
+                }
+            }
+        }
+    }
+    for (run, seqs) in &mut accepted {
+        seqs.sort_unstable();
+        assert_eq!(
+            *seqs,
+            (2..2 + seqs.len() as i64).collect::<Vec<_>>(),
+            "run {run}: gapless, one seq per accepted append"
+        );
+        assert_eq!(
+            t.stored_count(&t.tenant_a, run).await,
+            1 + seqs.len() as i64,
+            "refused appends wrote nothing"
+        );
+    }
+    // Retries (same keys) get the original seqs and write nothing.
+    for (run, body, seq) in retries.iter().take(8) {
+        let r = t
+            .http
+            .post(format!("{}/v1/runs/{run}/events", t.base))
+            .bearer_auth(&t.key_a)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!((v["first_seq"].as_i64(), v["replayed"].as_bool()), (Some(*seq), Some(true)));
+    }
+    let groups = t.app.metrics.commit_groups.load(Relaxed) - groups_before;
+    let appends = t.app.metrics.appends.load(Relaxed) - appends_before;
+    eprintln!("{ok} accepted, {refused} refused; {appends} appends written in {groups} transactions");
+    assert_eq!(appends, ok as u64);
+    assert!(groups <= appends, "never more commits than appends");
+}

@@ -45,8 +45,20 @@ async fn tenant_b_sees_none_of_tenant_as_rows_even_without_a_filter() {
         err.to_string().contains("row-level security") || format!("{err:?}").contains("row-level security"),
         "{err:?}"
     );
-    // The service role cannot read the key table at all.
-    assert!(as_service(&t, &t.tenant_a, "SELECT count(*) FROM api_keys").await.is_err());
+    // The service role never reads key hashes, and sees only its tenant's keys' metadata
+    // (tenant a has one key; the table holds both tenants').
+    assert!(as_service(&t, &t.tenant_a, "SELECT count(key_hash) FROM api_keys").await.is_err());
+    assert_eq!(as_service(&t, &t.tenant_a, "SELECT count(key_id) FROM api_keys").await.unwrap(), 1);
+    assert_eq!(
+        as_service(
+            &t,
+            &t.tenant_b,
+            "SELECT count(key_id) FROM api_keys WHERE tenant_id <> current_setting('agent_stream.tenant_id')"
+        )
+        .await
+        .unwrap(),
+        0
+    );
 }
 
 #[tokio::test]

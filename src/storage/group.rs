@@ -1,0 +1,336 @@
+//! Group commit: concurrent appends share transactions, so single-event appends from
+//! many producers are not bound by one commit (and its WAL flush) each.
+//!
+//! Appends go to one of a few lanes by (tenant, run), so a run's appends stay in order
+//! in one lane. A lane takes whatever is queued (up to [`MAX_GROUP`]) and commits it in
+//! one transaction per tenant (the transaction is scoped to the tenant for row-level
+//! security). Each append keeps its own guarantees:
+//! - it is validated on its own against its run's guard, as in [`super::append`]; a
+//!   refused append gets its error and writes nothing, the others go on;
+//! - an idempotent retry is answered from the stored rows, as alone;
+//! - if the shared transaction fails (a race on an idempotency key, a lost
+//!   connection), nothing of the group is stored and every accepted append is redone
+//!   alone through the single-append path, which answers it exactly as it would have.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::{mpsc, oneshot};
+use ulid::Ulid;
+
+use super::append::{next_ids, rebuild_guard, replay_if_retry, AppendOutcome, Guards};
+use super::db::{tenant_tx, Db};
+use super::runs::{parse_run_id, run_not_found};
+use crate::domain::{Batch, Origin, Resolution, RunGuard, RunState};
+use crate::error::{Error, ErrorCode, Result};
+use crate::metrics::Metrics;
+
+/// Most appends one transaction carries.
+pub const MAX_GROUP: usize = 256;
+
+struct Job {
+    tenant: String,
+    run_id: String,
+    batch: Batch,
+    reply: oneshot::Sender<Result<AppendOutcome>>,
+}
+
+/// The lanes of a process.
+pub struct GroupCommit {
+    lanes: Vec<mpsc::Sender<Job>>,
+}
+
+impl GroupCommit {
+    /// Starts `lanes` committer tasks over `db`.
+    pub fn start(db: Db, guards: Arc<Guards>, metrics: Arc<Metrics>, lanes: usize) -> GroupCommit {
+        let lanes = (0..lanes.max(1))
+            .map(|_| {
+                let (tx, rx) = mpsc::channel(4 * MAX_GROUP);
+                tokio::spawn(lane(db.clone(), guards.clone(), metrics.clone(), rx));
+                tx
+            })
+            .collect();
+        GroupCommit { lanes }
+    }
+
+    /// Appends a producer's batch, possibly in a transaction shared with others.
+    pub async fn append(&self, tenant: &str, run_id: &str, batch: &Batch) -> Result<AppendOutcome> {
+        let run_id = parse_run_id(run_id)?;
+        if batch.events.is_empty() {
+            return Err(Error::reject(ErrorCode::BatchEmpty, "the batch holds no events"));
+        }
+        let lane = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (tenant, &run_id).hash(&mut h);
+            (h.finish() % self.lanes.len() as u64) as usize
+        };
+        let (reply, answer) = oneshot::channel();
+        let job = Job { tenant: tenant.to_owned(), run_id, batch: batch.clone(), reply };
+        self.lanes[lane]
+            .send(job)
+            .await
+            .map_err(|_| Error::Internal(anyhow::anyhow!("group-commit lane stopped")))?;
+        answer.await.map_err(|_| Error::Internal(anyhow::anyhow!("group-commit lane dropped an append")))?
+    }
+}
+
+async fn lane(db: Db, guards: Arc<Guards>, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Job>) {
+    while let Some(first) = rx.recv().await {
+        let mut jobs = vec![first];
+        while jobs.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(j) => jobs.push(j),
+                Err(_) => break,
+            }
+        }
+        // One transaction per tenant, appends in arrival order.
+        let mut by_tenant: Vec<(String, Vec<Job>)> = vec![];
+        for j in jobs {
+            match by_tenant.iter_mut().find(|(t, _)| *t == j.tenant) {
+                Some((_, v)) => v.push(j),
+                None => by_tenant.push((j.tenant.clone(), vec![j])),
+            }
+        }
+        for (tenant, jobs) in by_tenant {
+            commit_group(&db, &guards, &metrics, &tenant, jobs).await;
+        }
+    }
+}
+
+/// A run's state while its group is built.
+struct Locked {
+    last_seq: i64,
+    last_id: Option<Ulid>,
+    guard: RunGuard,
+    before: Option<RunState>,
+}
+
+async fn commit_group(db: &Db, guards: &Guards, metrics: &Metrics, tenant: &str, jobs: Vec<Job>) {
+    let mut runs: Vec<String> = jobs.iter().map(|j| j.run_id.clone()).collect();
+    runs.sort();
+    runs.dedup();
+    // The runs' guard slots, locked in order (the single-append path takes one at a time).
+    let mut slots = Vec::with_capacity(runs.len());
+    for r in &runs {
+        slots.push(guards.slot(tenant, r).lock_owned().await);
+    }
+    let result = try_group(db, tenant, &runs, &mut slots, jobs).await;
+    drop(slots);
+    match result {
+        Ok((answers, groups)) => {
+            metrics.commit_groups.fetch_add(groups, Relaxed);
+            for (reply, answer) in answers {
+                let _ = reply.send(answer);
+            }
+        }
+        Err((e, jobs)) => {
+            tracing::warn!(error = %e, appends = jobs.len(), "group commit failed; redoing its appends one by one");
+            for j in jobs {
+                let out = super::append(db, guards, &j.tenant, &j.run_id, &j.batch, Origin::Producer).await;
+                if out.as_ref().is_ok_and(|o| !o.replayed) {
+                    metrics.commit_groups.fetch_add(1, Relaxed);
+                }
+                let _ = j.reply.send(out);
+            }
+        }
+    }
+}
+
+type Answers = Vec<(oneshot::Sender<Result<AppendOutcome>>, Result<AppendOutcome>)>;
+
+/// Builds and commits the group. `Ok`: every append's answer and whether a transaction
+/// wrote. `Err`: nothing was stored; the appends that still need doing come back.
+async fn try_group(
+    db: &Db,
+    tenant: &str,
+    runs: &[String],
+    slots: &mut [tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
+    jobs: Vec<Job>,
+) -> std::result::Result<(Answers, u64), (Error, Vec<Job>)> {
+    let mut client = match db.pool.get().await {
+        Ok(c) => c,
+        Err(e) => return Err((e.into(), jobs)),
+    };
+    let tx = match tenant_tx(&mut client, tenant).await {
+        Ok(t) => t,
+        Err(e) => return Err((e, jobs)),
+    };
+    let built = build(&tx, tenant, runs, slots, &jobs).await;
+    let (results, state) = match built {
+        Ok(b) => b,
+        // Nothing is stored: the transaction is dropped uncommitted.
+        Err(e) => return Err((e, jobs)),
+    };
+    let writes = |r: &Result<AppendOutcome>| r.as_ref().is_ok_and(|o| !o.replayed);
+    let wrote = results.iter().any(writes);
+    if let Err(e) = tx.commit().await {
+        // Redo the appends that were to be written; answers that wrote nothing stand.
+        let mut redo = vec![];
+        for (job, r) in jobs.into_iter().zip(results) {
+            if writes(&r) {
+                redo.push(job);
+            } else {
+                let _ = job.reply.send(r);
+            }
+        }
+        return Err((e.into(), redo));
+    }
+    for (i, r) in runs.iter().enumerate() {
+        if let Some(s) = state.get(r) {
+            *slots[i] = Some(s.guard.clone());
+        }
+    }
+    let answers = jobs.into_iter().zip(results).map(|(j, r)| (j.reply, r)).collect();
+    Ok((answers, u64::from(wrote)))
+}
+
+/// Locks the group's runs, answers retries, validates each append on its own, and
+/// writes the accepted ones' rows; returns each append's answer, in order.
+async fn build(
+    tx: &deadpool_postgres::Transaction<'_>,
+    tenant: &str,
+    runs: &[String],
+    slots: &[tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
+    jobs: &[Job],
+) -> Result<(Vec<Result<AppendOutcome>>, HashMap<String, Locked>)> {
+    let lock = tx
+        .prepare_cached(
+            "SELECT run_id, last_seq, last_event_id, date_trunc('milliseconds', clock_timestamp())
+             FROM runs WHERE tenant_id = $1 AND run_id = ANY($2) ORDER BY run_id FOR UPDATE",
+        )
+        .await?;
+    let rows = tx.query(&lock, &[&tenant, &runs]).await?;
+    let mut now: Option<DateTime<Utc>> = None;
+    let mut state: HashMap<String, Locked> = HashMap::new();
+    for row in &rows {
+        let run_id: String = row.get(0);
+        let last_seq: i64 = row.get(1);
+        let last_id: Option<String> = row.get(2);
+        now = Some(row.get(3));
+        let i = runs
+            .binary_search(&run_id)
+            .map_err(|_| Error::Internal(anyhow::anyhow!("locked a run that was not asked for")))?;
+        let guard = match slots[i].as_ref() {
+            Some(g) if g.last_seq() == last_seq => g.clone(),
+            _ => rebuild_guard(tx, tenant, &run_id).await?,
+        };
+        if guard.last_seq() != last_seq {
+            return Err(Error::Internal(anyhow::anyhow!(
+                "run {run_id}: log ends at seq {} but the run row says {last_seq}",
+                guard.last_seq()
+            )));
+        }
+        let before = guard.state();
+        let last_id = last_id.and_then(|s| Ulid::from_string(&s).ok());
+        state.insert(run_id, Locked { last_seq, last_id, guard, before });
+    }
+    let now = now.unwrap_or_else(Utc::now);
+    let (mut r_run, mut r_seq, mut r_id, mut r_type) = (vec![], vec![], vec![], vec![]);
+    let (mut r_child, mut r_payload, mut r_key, mut r_mid) = (vec![], vec![], vec![], vec![]);
+    let mut results = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let Some(run) = state.get_mut(&job.run_id) else {
+            results.push(Err(run_not_found(&job.run_id)));
+            continue;
+        };
+        let events = &job.batch.events;
+        match replay_if_retry(tx, tenant, &job.run_id, events).await {
+            Ok(Some(outcome)) => {
+                results.push(Ok(outcome));
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                results.push(Err(e));
+                continue;
+            }
+        }
+        if let Some(expected) = job.batch.expected_last_seq {
+            if expected != run.last_seq {
+                results.push(Err(Error::reject(
+                    ErrorCode::SeqConflict,
+                    format!("expected the run's last seq to be {expected}, but it is {}", run.last_seq),
+                )));
+                continue;
+            }
+        }
+        let mut guard = run.guard.clone();
+        let mut mids = Vec::with_capacity(events.len());
+        let mut refused = None;
+        for (i, e) in events.iter().enumerate() {
+            match guard.apply(run.last_seq + 1 + i as i64, e.child_id.as_deref(), &e.body, Origin::Producer) {
+                Ok(Resolution::Message { id, .. }) => mids.push(Some(id)),
+                Ok(Resolution::None) => mids.push(None),
+                Err(r) => {
+                    refused = Some(Error::Rejected(r.at(i)));
+                    break;
+                }
+            }
+        }
+        if let Some(e) = refused {
+            results.push(Err(e));
+            continue;
+        }
+        let n = events.len() as i64;
+        let ids = next_ids(run.last_id, now, events.len());
+        for (i, e) in events.iter().enumerate() {
+            r_run.push(job.run_id.clone());
+            r_seq.push(run.last_seq + 1 + i as i64);
+            r_id.push(ids[i].to_string());
+            r_type.push(e.body.type_name().into_owned());
+            r_child.push(e.child_id.clone());
+            r_payload.push(e.body.payload());
+            r_key.push(e.key.clone());
+        }
+        r_mid.extend(mids);
+        results.push(Ok(AppendOutcome {
+            first_seq: run.last_seq + 1,
+            last_seq: run.last_seq + n,
+            replayed: false,
+        }));
+        run.last_seq += n;
+        run.last_id = ids.last().copied();
+        run.guard = guard;
+    }
+    if !r_seq.is_empty() {
+        let insert = tx
+            .prepare_cached(
+                "INSERT INTO agent_run_events
+                     (tenant_id, run_id, seq, id, ts, type, child_id, payload, idempotency_key, message_id)
+                 SELECT $1, u.run_id, u.seq, u.id, $2, u.type, u.child_id, u.payload, u.key, u.message_id
+                 FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::jsonb[],
+                             $9::text[], $10::text[])
+                      AS u(run_id, seq, id, type, child_id, payload, key, message_id)",
+            )
+            .await?;
+        tx.execute(
+            &insert,
+            &[&tenant, &now, &r_run, &r_seq, &r_id, &r_type, &r_child, &r_payload, &r_key, &r_mid],
+        )
+        .await?;
+        let (mut u_run, mut u_last, mut u_id, mut u_state, mut u_ended) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        for (run_id, s) in &state {
+            u_run.push(run_id.clone());
+            u_last.push(s.last_seq);
+            u_id.push(s.last_id.map(|u| u.to_string()));
+            let st = s.guard.state();
+            u_state.push(st.map(|x| x.as_str().to_owned()));
+            u_ended.push(st.filter(|x| x.is_terminal() && s.before != st).map(|_| now));
+        }
+        let update = tx
+            .prepare_cached(
+                "UPDATE runs r SET last_seq = u.last_seq, last_event_id = u.last_id, state = u.state,
+                        updated_at = $2, ended_at = COALESCE(u.ended_at, r.ended_at)
+                 FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[], $7::timestamptz[])
+                      AS u(run_id, last_seq, last_id, state, ended_at)
+                 WHERE r.tenant_id = $1 AND r.run_id = u.run_id AND r.last_seq <> u.last_seq",
+            )
+            .await?;
+        tx.execute(&update, &[&tenant, &now, &u_run, &u_last, &u_id, &u_state, &u_ended]).await?;
+    }
+    Ok((results, state))
+}

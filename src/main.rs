@@ -70,6 +70,9 @@ enum Command {
         /// Most events in one append.
         #[arg(long, env = "AGENT_STREAM_MAX_BATCH_EVENTS", default_value_t = 10_000)]
         max_batch_events: usize,
+        /// Committer tasks gathering concurrent appends into shared transactions (0: each alone).
+        #[arg(long, env = "AGENT_STREAM_GROUP_COMMIT_LANES", default_value_t = 4)]
+        group_commit_lanes: usize,
         /// Appends per second each tenant may sustain (0: no limit); bursts of twice that.
         #[arg(long, env = "AGENT_STREAM_APPEND_RATE", default_value_t = 10_000.0)]
         append_rate: f64,
@@ -384,6 +387,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             max_event_bytes,
             max_batch_events,
             append_rate,
+            group_commit_lanes,
             retention,
             retention_interval,
         } => {
@@ -395,6 +399,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     per_sec: append_rate,
                     burst: append_rate * 2.0,
                 }),
+                group_commit_lanes,
                 ..Settings::default()
             };
             let every = (retention_interval > 0).then(|| std::time::Duration::from_secs(retention_interval));

@@ -104,3 +104,14 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
         }
     }
 }
+
+/// Reads a JSON body of at most `limit` bytes into `T` (`BODY-MALFORMED` when it is not).
+pub async fn read_json<T: serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<T> {
+    let bytes = read_body(headers, body, limit).await?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| Error::reject(ErrorCode::BodyMalformed, format!("invalid body: {e}")))
+}

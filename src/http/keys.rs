@@ -9,7 +9,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::extract::{read_body, Caller};
+use super::extract::{read_json, Caller};
 use crate::app::AppRef;
 use crate::auth::Scope;
 use crate::error::{Error, ErrorCode, Result};
@@ -42,9 +42,7 @@ pub(crate) async fn create(
     body: Body,
 ) -> Result<Response> {
     who.require(Scope::Admin)?;
-    let bytes = read_body(&headers, body, 16 << 10).await?;
-    let req: NewKey = serde_json::from_slice(&bytes)
-        .map_err(|e| Error::reject(ErrorCode::BodyMalformed, format!("invalid body: {e}")))?;
+    let req: NewKey = read_json(&headers, body, 16 << 10).await?;
     let scopes = req
         .scopes
         .iter()

@@ -78,9 +78,23 @@ pub async fn stream_after<'a, C: GenericClient>(
     upto: i64,
     filter: &'a Filter,
 ) -> Result<impl Stream<Item = Result<Event>> + 'a> {
+    let rows = query_range(c, EVENT_COLUMNS, tenant, run_id, after_seq, upto, filter).await?;
+    Ok(rows.map_err(Error::from).map(|r| r.and_then(|row| event_from_row(&row))))
+}
+
+/// The one range query behind [`stream_after`] and [`stream_raw`], selecting `columns`.
+async fn query_range<'a, C: GenericClient>(
+    c: &'a C,
+    columns: &str,
+    tenant: &'a str,
+    run_id: &'a str,
+    after_seq: i64,
+    upto: i64,
+    filter: &'a Filter,
+) -> Result<tokio_postgres::RowStream> {
     let stmt = c
         .prepare_cached(&format!(
-            "SELECT {EVENT_COLUMNS} FROM agent_run_events
+            "SELECT {columns} FROM agent_run_events
              WHERE tenant_id = $1 AND run_id = $2 AND seq > $3 AND seq <= $4
                AND ($5::text[] IS NULL OR type = ANY($5))
                AND ($6::text IS NULL OR child_id = $6)
@@ -89,8 +103,7 @@ pub async fn stream_after<'a, C: GenericClient>(
         .await?;
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
         [&tenant, &run_id, &after_seq, &upto, &filter.types, &filter.child_id];
-    let rows = c.query_raw(&stmt, params).await?;
-    Ok(rows.map_err(Error::from).map(|r| r.and_then(|row| event_from_row(&row))))
+    Ok(c.query_raw(&stmt, params).await?)
 }
 
 /// A stored event as the database returns it, payload still JSON text: the export's
@@ -173,18 +186,7 @@ pub async fn stream_raw<'a, C: GenericClient>(
     upto: i64,
     filter: &'a Filter,
 ) -> Result<impl Stream<Item = Result<RawEvent>> + 'a> {
-    let stmt = c
-        .prepare_cached(&format!(
-            "SELECT {RAW_COLUMNS} FROM agent_run_events
-             WHERE tenant_id = $1 AND run_id = $2 AND seq > $3 AND seq <= $4
-               AND ($5::text[] IS NULL OR type = ANY($5))
-               AND ($6::text IS NULL OR child_id = $6)
-             ORDER BY seq"
-        ))
-        .await?;
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-        [&tenant, &run_id, &after_seq, &upto, &filter.types, &filter.child_id];
-    let rows = c.query_raw(&stmt, params).await?;
+    let rows = query_range(c, RAW_COLUMNS, tenant, run_id, after_seq, upto, filter).await?;
     Ok(rows.map_err(Error::from).map_ok(|row| raw_from_row(&row)))
 }
 

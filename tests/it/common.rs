@@ -189,6 +189,19 @@ impl TestApp {
         (v["first_seq"].as_i64().expect("first"), v["last_seq"].as_i64().expect("last"))
     }
 
+    /// `GET path` as `key`: the status and the body as text.
+    pub async fn get_text(&self, key: &str, path: &str) -> (StatusCode, String) {
+        let r = self.http.get(format!("{}{path}", self.base)).bearer_auth(key).send().await.expect("send");
+        let status = r.status();
+        (status, r.text().await.expect("body"))
+    }
+
+    /// Rows in one of the schema's tables, counted on the owner connection (all tenants).
+    pub async fn count_rows(&self, table: &str) -> i64 {
+        let sql = format!("SELECT count(*) FROM {table}");
+        self.db.owner().await.query_one(&sql, &[]).await.expect("count").get(0)
+    }
+
     /// `POST /v1/runs` as `key`; returns the run id.
     pub async fn create_run(&self, key: &str) -> String {
         let r = self.http.post(format!("{}/v1/runs", self.base)).bearer_auth(key).send().await.expect("send");

@@ -292,9 +292,7 @@ async fn hostile_http_and_graphql_input_gets_4xx_with_a_code_and_writes_nothing(
         assert!(errors[0]["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {v}");
         assert!(errors[0]["extensions"]["code"].is_string(), "{what}: {v}");
     }
-    let rows: i64 =
-        t.db.owner().await.query_one("SELECT count(*) FROM agent_run_events", &[]).await.unwrap().get(0);
-    let runs: i64 = t.db.owner().await.query_one("SELECT count(*) FROM runs", &[]).await.unwrap().get(0);
+    let (rows, runs) = (t.count_rows("agent_run_events").await, t.count_rows("runs").await);
     eprintln!(
         "hostile requests: {fours} answered 4xx, 5xx = {fives}, dropped = {dropped}, rows written = {rows}"
     );

@@ -28,9 +28,7 @@ async fn finished_run(t: &TestApp, seed: u64, steps: usize) -> String {
 }
 
 async fn get_text(t: &TestApp, key: &str, path: &str) -> (StatusCode, String) {
-    let r = t.http.get(format!("{}{path}", t.base)).bearer_auth(key).send().await.expect("send");
-    let status = r.status();
-    (status, r.text().await.expect("body"))
+    t.get_text(key, path).await
 }
 
 async fn import(t: &TestApp, key: &str, body: String) -> (StatusCode, Value) {
@@ -61,7 +59,7 @@ fn without_ids(jsonl: &str) -> Vec<Value> {
 }
 
 async fn run_count(t: &TestApp) -> i64 {
-    t.db.owner().await.query_one("SELECT count(*) FROM runs", &[]).await.expect("count").get(0)
+    t.count_rows("runs").await
 }
 
 #[tokio::test]
@@ -97,13 +95,7 @@ async fn a_bad_line_is_refused_with_its_number_and_nothing_is_written() {
     let (_, jsonl) = get_text(&t, &t.key_a, &format!("/v1/runs/{run}/events.jsonl")).await;
     let lines: Vec<&str> = jsonl.lines().collect();
     let before = run_count(&t).await;
-    let rows_before: i64 =
-        t.db.owner()
-            .await
-            .query_one("SELECT count(*) FROM agent_run_events", &[])
-            .await
-            .expect("count")
-            .get(0);
+    let rows_before = t.count_rows("agent_run_events").await;
     let with_line = |i: usize, replacement: String| {
         let mut l: Vec<String> = lines.iter().map(|s| s.to_string()).collect();
         l[i] = replacement;
@@ -131,13 +123,7 @@ async fn a_bad_line_is_refused_with_its_number_and_nothing_is_written() {
     }
     let (status, err) = import(&t, &t.key_a, String::new()).await;
     assert!(status.is_client_error(), "{err}");
-    let rows_after: i64 =
-        t.db.owner()
-            .await
-            .query_one("SELECT count(*) FROM agent_run_events", &[])
-            .await
-            .expect("count")
-            .get(0);
+    let rows_after = t.count_rows("agent_run_events").await;
     assert_eq!((run_count(&t).await, rows_after), (before, rows_before), "no run and no row was written");
 }
 

@@ -212,28 +212,10 @@ async fn every_read_path_answers_another_tenants_run_as_not_found() {
     assert!(a["data"].is_null() || a["data"]["run"].is_null(), "{a}");
     leaks += usize::from(a.to_string().contains("secret of A"));
     // The tenant-wide export holds none of A's rows for B.
-    let all_b = t
-        .http
-        .get(format!("{}/v1/events.jsonl", t.base))
-        .bearer_auth(&t.key_b)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, all_b) = t.get_text(&t.key_b, "/v1/events.jsonl").await;
     leaks += all_b.lines().filter(|l| l.contains(&run_a)).count();
     // An import by B of A's export creates B's own run and leaves A's untouched.
-    let export = t
-        .http
-        .get(format!("{}/v1/runs/{run_a}/events.jsonl", t.base))
-        .bearer_auth(&t.key_a)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, export) = t.get_text(&t.key_a, &format!("/v1/runs/{run_a}/events.jsonl")).await;
     let r = t
         .http
         .post(format!("{}/v1/runs/import", t.base))

@@ -1,12 +1,20 @@
 //! The load tool (issue 6), scenario by scenario, each next to its raw-PostgreSQL
 //! baseline measured in the same run.
 //!
-//!     cargo bench --bench load -- ingest-single     # the only scenario so far
+//!     cargo bench --bench load -- ingest-single
+//!     cargo bench --bench load -- fanout
 //!
 //! `ingest-single`: 64 producers, each appending single ~100-byte text deltas to its own
 //! run over HTTP as fast as answers come, for 5 s, with group commit on (4 lanes) and
 //! off; baseline: single-row autocommit INSERTs of the same rows into a table like
-//! `agent_run_events` from 16 and from 64 connections. Needs PostgreSQL like the tests.
+//! `agent_run_events` from 16 and from 64 connections.
+//!
+//! `fanout`: a separate `agent-stream serve` process (the release binary); 1,000 and then
+//! 10,000 idle SSE subscribers of one run, for the server's resident memory per
+//! subscriber; then 1,000 subscribers while a producer appends 1,000 control events a
+//! second (batches of 10 every 10 ms) for 3 s: append-sent → receipt latency (receipt
+//! read off the SSE `id:` line), the server's CPU, and live-delivery SELECTs per append
+//! (from `/metrics`). Needs PostgreSQL like the tests.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -111,6 +119,233 @@ async fn service_appends(url: &str, schema: &str, lanes: usize) -> (f64, u64, u6
     (appends as f64 / SECS as f64, appends, groups)
 }
 
+fn proc_status(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// User + system CPU seconds of a process.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Opens `n` SSE streams of `run`; each task records (seq, receipt µs) until `stop`.
+async fn subscribe(
+    base: &str,
+    key: &str,
+    run: &str,
+    n: usize,
+    t0: Instant,
+) -> (Vec<tokio::task::JoinHandle<Vec<(i64, u64)>>>, Arc<tokio::sync::Notify>) {
+    use futures::StreamExt;
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let ready = Arc::new(tokio::sync::Semaphore::new(0));
+    let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().expect("client");
+    let mut tasks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (url, key, stop, ready, http) = (
+            format!("{base}/v1/runs/{run}/stream?detail=full"),
+            key.to_owned(),
+            stop.clone(),
+            ready.clone(),
+            http.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut got = vec![];
+            let Ok(r) = http.get(url).bearer_auth(key).send().await else {
+                ready.add_permits(1);
+                return got;
+            };
+            let mut body = r.bytes_stream();
+            let mut buf = String::new();
+            let mut first = true;
+            loop {
+                let chunk = tokio::select! {
+                    c = body.next() => c,
+                    _ = stop.notified() => break,
+                };
+                let Some(Ok(chunk)) = chunk else { break };
+                let now = t0.elapsed().as_micros() as u64;
+                buf.push_str(&String::from_utf8_lossy(&chunk));
+                while let Some(i) = buf.find("\n\n") {
+                    if let Some(seq) = buf[..i]
+                        .lines()
+                        .find_map(|l| l.strip_prefix("id:"))
+                        .and_then(|v| v.trim().parse::<i64>().ok())
+                    {
+                        got.push((seq, now));
+                    }
+                    buf.drain(..i + 2);
+                }
+                if first {
+                    first = false;
+                    ready.add_permits(1);
+                }
+            }
+            got
+        }));
+    }
+    let _ = ready.acquire_many(n as u32).await.map(|p| p.forget());
+    (tasks, stop)
+}
+
+async fn fanout(url: &str, schema: &str) {
+    if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+    }
+    let mut owner = db::connect_owner(url, schema).await.expect("owner");
+    let key = tenants::create_tenant(&mut owner, "fanout", &[Scope::Read, Scope::Write])
+        .await
+        .expect("tenant")
+        .secret;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port");
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_agent-stream"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--schema",
+            schema,
+            "--append-rate",
+            "0",
+            "--retention-interval",
+            "0",
+        ])
+        .env("DATABASE_URL", url)
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("serve");
+    let pid = server.id().expect("pid");
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    for _ in 0..200 {
+        if http.get(format!("{base}/healthz")).send().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let new_run = || async {
+        let v: Value = http
+            .post(format!("{base}/v1/runs"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let run = v["run_id"].as_str().unwrap().to_owned();
+        let body = json!([{"type": "run.lifecycle", "payload": {"state": "running"}}]);
+        http.post(format!("{base}/v1/runs/{run}/events")).bearer_auth(&key).json(&body).send().await.unwrap();
+        run
+    };
+    println!("date: {}", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    let t0 = Instant::now();
+    // Memory per idle subscriber.
+    println!("| idle SSE subscribers | server RSS | RSS per subscriber | target |");
+    println!("|---|---|---|---|");
+    let rss0 = proc_status(pid, "VmRSS:");
+    println!("| 0 | {:.1} MiB | - | - |", rss0 as f64 / 1024.0);
+    for n in [1_000usize, 10_000] {
+        let run = new_run().await;
+        let (tasks, stop) = subscribe(&base, &key, &run, n, t0).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let rss = proc_status(pid, "VmRSS:");
+        let per = (rss.saturating_sub(rss0)) as f64 / n as f64;
+        println!(
+            "| {n} | {:.1} MiB | {per:.1} KiB | ≤ 64 KiB: {} |",
+            rss as f64 / 1024.0,
+            if per <= 64.0 { "met" } else { "not met" }
+        );
+        stop.notify_waiters();
+        drop(tasks);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Latency with 1,000 subscribers at 1,000 events/s.
+    let subs = 1_000usize;
+    let run = new_run().await;
+    let (tasks, stop) = subscribe(&base, &key, &run, subs, t0).await;
+    let m0 = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    let (cpu0, wall0) = (cpu_secs(pid), Instant::now());
+    let mut sent: std::collections::HashMap<i64, u64> = Default::default();
+    let mut appends = 0u64;
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    for b in 0..300u64 {
+        tick.tick().await;
+        let body = Value::Array(
+            (0..10).map(|i| json!({"type": "custom.tick", "payload": {"n": b * 10 + i}})).collect(),
+        );
+        let at = t0.elapsed().as_micros() as u64;
+        let r: Value = http
+            .post(format!("{base}/v1/runs/{run}/events"))
+            .bearer_auth(&key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        appends += 1;
+        for seq in r["first_seq"].as_i64().unwrap_or(0)..=r["last_seq"].as_i64().unwrap_or(-1) {
+            sent.insert(seq, at);
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (cpu, wall) = (cpu_secs(pid) - cpu0, wall0.elapsed().as_secs_f64());
+    let m1 = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    stop.notify_waiters();
+    let mut lat = vec![];
+    let mut received = 0usize;
+    for t in tasks {
+        for (seq, at) in t.await.unwrap_or_default() {
+            if let Some(s) = sent.get(&seq) {
+                lat.push(at.saturating_sub(*s) as f64 / 1000.0);
+                received += 1;
+            }
+        }
+    }
+    let reads = metric(&m1, "agent_stream_live_reads_total") - metric(&m0, "agent_stream_live_reads_total");
+    let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+    let max = lat.last().copied().unwrap_or(f64::NAN);
+    println!();
+    println!("| 1,000 subscribers, 1,000 events/s (10 per 10 ms) for 3 s | value |");
+    println!("|---|---|");
+    println!("| append sent → receipt p50 / p99 / max | {p50:.2} / {p99:.2} / {max:.2} ms (target p99 < 10 ms: {}) |", if p99 < 10.0 { "met" } else { "not met" });
+    println!("| events received / expected | {received} / {} |", sent.len() * subs);
+    println!("| server CPU | {:.0}% of one core |", 100.0 * cpu / wall);
+    println!(
+        "| live-delivery SELECTs per append | {:.2} ({reads:.0} for {appends} appends) |",
+        reads / appends as f64
+    );
+    let _ = server.kill().await;
+}
+
 #[tokio::main]
 async fn main() {
     let scenario =
@@ -121,12 +356,18 @@ async fn main() {
         eprintln!("load: no PostgreSQL at {url}; set DATABASE_URL. Skipping.");
         return;
     }
-    if scenario != "ingest-single" {
-        eprintln!("load: unknown scenario `{scenario}`; known: ingest-single");
+    if scenario != "ingest-single" && scenario != "fanout" {
+        eprintln!("load: unknown scenario `{scenario}`; known: ingest-single, fanout");
         std::process::exit(2);
     }
     let schema = format!("bench_load_{}", std::process::id());
     migrate::migrate(&url, &schema).await.expect("migrate");
+    if scenario == "fanout" {
+        fanout(&url, &schema).await;
+        let owner = db::connect_owner(&url, &schema).await.expect("owner");
+        let _ = owner.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
+        return;
+    }
     let raw16 = raw_inserts(&url, &schema, 16).await;
     let raw64 = raw_inserts(&url, &schema, 64).await;
     let (grouped, g_appends, g_groups) = service_appends(&url, &schema, 4).await;

@@ -223,15 +223,22 @@ fn encoder(format: Format) -> Box<dyn Encoder> {
 pub struct Encoding {
     format: Format,
     run: RunCtx,
-    view: RunView,
+    /// The fold; none for encoders that do not read it (a live native stream then holds
+    /// no view: it is per subscriber, and an empty guard is not free).
+    view: Option<Box<RunView>>,
     encoder: Box<dyn Encoder>,
 }
+
+/// The view handed to encoders that do not read it.
+static NO_VIEW: std::sync::LazyLock<RunView> = std::sync::LazyLock::new(RunView::new);
 
 impl Encoding {
     /// Encodes `run` in `format`, continuing from `view` (the fold up to the stream's
     /// cursor; empty when it starts at the beginning).
     pub fn new(format: Format, run: RunCtx, view: RunView) -> Encoding {
-        Encoding { format, run, view, encoder: encoder(format) }
+        let encoder = encoder(format);
+        let view = encoder.needs_view().then(|| Box::new(view));
+        Encoding { format, run, view, encoder }
     }
 
     /// The dialect.
@@ -241,7 +248,7 @@ impl Encoding {
 
     /// Seq of the last event folded (0 at the start of the run).
     pub fn view_seq(&self) -> i64 {
-        self.view.seq
+        self.view.as_ref().map_or(0, |v| v.seq)
     }
 
     /// True when the stream needs the fold up to its cursor to start mid-run.
@@ -258,9 +265,13 @@ impl Encoding {
 
     /// Folds one event and renders it.
     pub fn push(&mut self, e: &Event) -> Vec<Out> {
-        let change = if self.encoder.needs_view() { self.view.apply(e) } else { Change::Nothing };
+        let change = match self.view.as_mut() {
+            Some(v) => v.apply(e),
+            None => Change::Nothing,
+        };
         let mut out = vec![];
-        let step = Step { event: e, view: &self.view, change, run: &self.run };
+        let view: &RunView = self.view.as_deref().unwrap_or(&NO_VIEW);
+        let step = Step { event: e, view, change, run: &self.run };
         self.encoder.encode(&step, &mut out);
         if is_run_end(e) {
             if let Some(last) = out.iter_mut().rev().find(|o| matches!(o.data, Data::Json(_))) {

@@ -276,6 +276,25 @@ impl App {
         Ok((run, view))
     }
 
+    /// The encoding of `run` in `format` for a stream that starts after `cursor`:
+    /// dialects that render from the view continue the fold up to the cursor.
+    pub async fn encoding(
+        &self,
+        who: &Principal,
+        run: &RunInfo,
+        format: crate::dialect::Format,
+        cursor: i64,
+    ) -> Result<crate::dialect::Encoding> {
+        use crate::dialect::{Encoding, RunCtx};
+        let ctx = RunCtx { run_id: run.run_id.clone(), root_run_id: run.root_run_id.clone() };
+        let enc = Encoding::new(format, ctx.clone(), RunView::new());
+        if cursor > 0 && enc.needs_view() {
+            let (_, view) = self.view_at(who, &run.run_id, cursor.min(run.last_seq)).await?;
+            return Ok(Encoding::new(format, ctx, view));
+        }
+        Ok(enc)
+    }
+
     /// A page of the tenant's runs, newest first.
     pub async fn list_runs(&self, who: &Principal, q: &runs::RunQuery) -> Result<Vec<RunInfo>> {
         who.require(Scope::Read)?;

@@ -15,10 +15,10 @@ use tokio::sync::mpsc;
 
 use crate::app::AppRef;
 use crate::auth::{Principal, Scope};
-use crate::dialect::{Encoding, Format, RunCtx};
+use crate::dialect::Format;
 use crate::error::{Error, ErrorCode, Result};
 use crate::storage::db::tenant_tx;
-use crate::storage::events::{stream_raw, stream_tenant_raw, Filter, ALL_EVENTS};
+use crate::storage::events::{stream_after, stream_raw, stream_tenant_raw, Filter, ALL_EVENTS};
 use crate::storage::RunInfo;
 
 /// Bytes gathered before a chunk goes out.
@@ -92,50 +92,42 @@ pub async fn export_run(
     let after = opts.from_seq.unwrap_or(1) - 1;
     let upto = opts.to_seq.unwrap_or(i64::MAX);
     let mut w = Writer::new(tx);
-    let mut enc = if opts.format == Format::Native {
-        None
-    } else {
-        let ctx = RunCtx { run_id: run.run_id.clone(), root_run_id: run.root_run_id.clone() };
-        let view = if after > 0 {
-            app.view_at(&who, &run.run_id, after.min(run.last_seq)).await?.1
-        } else {
-            Default::default()
-        };
-        Some(Encoding::new(opts.format, ctx, view))
+    let mut enc = match opts.format {
+        Format::Native => None,
+        f => Some(app.encoding(&who, &run, f, after).await?),
     };
     let mut client = app.db.pool.get().await?;
     let t = tenant_tx(&mut client, &who.tenant_id).await?;
     // The query lives as long as the reader takes; the pool's 30 s cap is for requests.
     t.batch_execute("SET LOCAL statement_timeout = 0").await?;
-    // Dialects fold every event of the range; the filter then picks what is written.
-    let sql_filter = if enc.is_some() { &ALL_EVENTS } else { &opts.filter };
-    if let Some(enc) = enc.as_mut().filter(|_| after == 0) {
-        for o in enc.begin() {
-            write_item(&mut w, &o);
+    match enc.as_mut() {
+        None => {
+            let rows = stream_raw(&t, &who.tenant_id, &run.run_id, after, upto, &opts.filter).await?;
+            futures::pin_mut!(rows);
+            while let Some(raw) = rows.try_next().await? {
+                raw.write_line(&mut w.buf);
+                w.lines += 1;
+                w.maybe_flush().await?;
+            }
         }
-    }
-    {
-        let rows = stream_raw(&t, &who.tenant_id, &run.run_id, after, upto, sql_filter).await?;
-        futures::pin_mut!(rows);
-        while let Some(raw) = rows.try_next().await? {
-            match enc.as_mut() {
-                None => {
-                    raw.write_line(&mut w.buf);
-                    w.lines += 1;
-                }
-                Some(enc) => {
-                    let e = raw.parse()?;
-                    let items = enc.push(&e);
-                    let keep = opts.filter.types.as_ref().is_none_or(|ts| ts.contains(&raw.type_name))
-                        && opts.filter.child_id.as_ref().is_none_or(|c| e.child_id.as_ref() == Some(c));
-                    if keep {
-                        for o in &items {
-                            write_item(&mut w, o);
-                        }
-                    }
+        Some(enc) => {
+            if after == 0 {
+                for o in enc.begin() {
+                    write_item(&mut w, &o);
                 }
             }
-            w.maybe_flush().await?;
+            // Dialects fold every event of the range; the filter then picks what is written.
+            let events = stream_after(&t, &who.tenant_id, &run.run_id, after, upto, &ALL_EVENTS).await?;
+            futures::pin_mut!(events);
+            while let Some(e) = events.try_next().await? {
+                let items = enc.push(&e);
+                if opts.filter.keeps(&e) {
+                    for o in &items {
+                        write_item(&mut w, o);
+                    }
+                }
+                w.maybe_flush().await?;
+            }
         }
     }
     t.commit().await?;

@@ -9,11 +9,12 @@ use futures::{Stream, StreamExt};
 use super::error::GqlResult;
 use super::schema::GqlRun;
 use super::schema::{app, caller, GqlEvent};
-use crate::dialect::{Encoding, Format, RunCtx};
+use crate::dialect::Format;
 use crate::error::{Error, ErrorCode};
 use crate::live::activity::{self, ActivityKind};
 use crate::live::Tail;
 use crate::projection::{updates, ViewUpdate};
+use crate::storage::events::Filter;
 use serde_json::Value;
 
 /// A run that was created or changed state (an item of `runsActivity`).
@@ -67,20 +68,13 @@ impl Subscription {
         let run = app.run(&who, &run_id).await.gql()?;
         let mut enc = match format {
             Format::Native => None,
-            f => {
-                let ctx = RunCtx { run_id: run.run_id.clone(), root_run_id: run.root_run_id.clone() };
-                let view = if after > 0 {
-                    app.view_at(&who, &run.run_id, after.min(run.last_seq)).await.gql()?.1
-                } else {
-                    Default::default()
-                };
-                Some(Encoding::new(f, ctx, view))
-            }
+            f => Some(app.encoding(&who, &run, f, after).await.gql()?),
         };
         let mut opening: Vec<Value> = enc
             .as_mut()
             .map(|e| e.begin().iter().filter_map(|o| o.json().cloned()).collect())
             .unwrap_or_default();
+        let filter = Filter { types, child_id };
         let events = batches(Tail::new(app, who, run.run_id, after))
             .flat_map(futures::stream::iter)
             .filter_map(move |e| {
@@ -89,9 +83,7 @@ impl Subscription {
                     items.extend(enc.push(&e).iter().filter_map(|o| o.json().cloned()));
                     items
                 });
-                let keep = types.as_ref().is_none_or(|ts| ts.iter().any(|t| *t == e.body.type_name()))
-                    && child_id.as_ref().is_none_or(|c| e.child_id.as_ref() == Some(c));
-                futures::future::ready(keep.then(|| {
+                futures::future::ready(filter.keeps(&e).then(|| {
                     let mut g = GqlEvent::from(e);
                     g.encoded = encoded;
                     g

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::extract::{Caller, Params};
-use super::stream::{encoding, resume_point, sse_response, Sending, Source};
+use super::stream::{resume_point, sse_response, Sending, Source};
 use crate::app::{AppRef, Shedding};
 use crate::auth::Principal;
 use crate::dialect::Format;
@@ -106,7 +106,7 @@ pub(crate) async fn replay(
     if run.last_seq <= cursor {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
-    let enc = encoding(&app, &who, &run, format, cursor).await?;
+    let enc = app.encoding(&who, &run, format, cursor).await?;
     let source = Paced {
         app,
         who,

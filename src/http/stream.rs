@@ -28,11 +28,10 @@ use serde::Deserialize;
 use super::extract::{Caller, Params};
 use crate::app::AppRef;
 use crate::app::Shedding;
-use crate::dialect::{Class, Encoding, Format, Out, RunCtx};
+use crate::dialect::{Class, Encoding, Format, Out};
 use crate::error::{Error, ErrorCode, Result};
 use crate::live::shape::{Aggregator, WINDOW};
 use crate::live::Tail;
-use crate::projection::RunView;
 
 /// Keep-alive comment interval (seed 004 §5.1).
 const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -91,28 +90,10 @@ pub(crate) async fn stream(
     if run.state.is_some_and(|s| s.is_terminal()) && run.last_seq <= cursor {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
-    let enc = encoding(&app, &who, &run, format, cursor).await?;
+    let enc = app.encoding(&who, &run, format, cursor).await?;
     let shedding = app.settings.shedding;
     let tail = Tail::new(app, who, run.run_id, cursor);
     Ok(sse_response(Sending::new(tail, enc, raw, shedding), format))
-}
-
-/// The encoding of `run` in `format` for a stream that starts after `cursor`: dialects
-/// that render from the view continue the fold up to the cursor.
-pub(super) async fn encoding(
-    app: &AppRef,
-    who: &crate::auth::Principal,
-    run: &crate::storage::RunInfo,
-    format: Format,
-    cursor: i64,
-) -> Result<Encoding> {
-    let ctx = RunCtx { run_id: run.run_id.clone(), root_run_id: run.root_run_id.clone() };
-    let mut enc = Encoding::new(format, ctx.clone(), RunView::new());
-    if cursor > 0 && enc.needs_view() {
-        let (_, view) = app.view_at(who, &run.run_id, cursor.min(run.last_seq)).await?;
-        enc = Encoding::new(format, ctx, view);
-    }
-    Ok(enc)
 }
 
 /// The SSE response for a stream, with the dialect's headers.
@@ -287,7 +268,9 @@ mod tests {
     //! Seed 004 T4 on tokio's paused clock: the windows are exact, not subject to load.
 
     use super::*;
+    use crate::dialect::RunCtx;
     use crate::domain::Event;
+    use crate::projection::RunView;
     use crate::testkit::stored;
     use serde_json::json;
     use tokio::sync::mpsc;

@@ -41,6 +41,14 @@ pub struct Filter {
     pub child_id: Option<String>,
 }
 
+impl Filter {
+    /// True when `e` passes: the same test the SQL of [`read_after`] makes.
+    pub fn keeps(&self, e: &Event) -> bool {
+        self.types.as_ref().is_none_or(|ts| ts.iter().any(|t| *t == e.body.type_name()))
+            && self.child_id.as_ref().is_none_or(|c| e.child_id.as_ref() == Some(c))
+    }
+}
+
 /// The filter that keeps every event.
 pub static ALL_EVENTS: Filter = Filter { types: None, child_id: None };
 
@@ -143,23 +151,6 @@ impl RawEvent {
             self.seq,
             self.payload
         );
-    }
-
-    /// Parses it into an [`Event`].
-    pub fn parse(&self) -> Result<Event> {
-        let payload: serde_json::Value = serde_json::from_str(&self.payload)
-            .map_err(|e| Error::Internal(anyhow::anyhow!("stored payload does not parse: {e}")))?;
-        let body = EventBody::parse(&self.type_name, payload)
-            .map_err(|e| Error::Internal(anyhow::anyhow!("stored event does not parse: {e}")))?;
-        Ok(Event {
-            seq: self.seq,
-            id: Ulid::from_string(&self.id)
-                .map_err(|e| Error::Internal(anyhow::anyhow!("stored id {}: {e}", self.id)))?,
-            ts: self.ts,
-            child_id: self.child_id.clone(),
-            run_id: self.run_id.clone(),
-            body,
-        })
     }
 }
 

@@ -14,18 +14,8 @@ use agent_stream::auth::Scope;
 use agent_stream::storage::{db, migrate, tenants};
 use futures::StreamExt;
 
-fn rss_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(18080)
-}
+#[path = "support/mod.rs"]
+mod support;
 
 #[tokio::main]
 async fn main() {
@@ -71,28 +61,14 @@ async fn main() {
     );
     let mut best_copy = (0u64, Duration::MAX);
     let mut best_ours = (0u64, Duration::MAX);
-    let port = free_port();
-    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_agent-stream"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--schema", &schema])
-        .env("DATABASE_URL", &url)
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .expect("serve");
-    let pid = server.id().expect("pid");
+    let mut server = support::serve(&url, &schema, &[]).await;
+    let (pid, base) = (server.pid, server.base.clone());
     let http = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{port}");
-    for _ in 0..100 {
-        if http.get(format!("{base}/healthz")).send().await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let rss_before = rss_kib(pid, "VmRSS:");
+    let rss_before = support::status_kib(pid, "VmRSS:");
     for _ in 0..3 {
         let t = Instant::now();
         let out = std::process::Command::new("psql")
-            .arg(pg_url(&url))
+            .arg(&url)
             .args(["-X", "-q", "-c", &copy])
             .stdout(std::process::Stdio::piped())
             .output()
@@ -124,8 +100,8 @@ async fn main() {
             best_ours = (bytes, took);
         }
     }
-    let peak = rss_kib(pid, "VmHWM:");
-    let _ = server.kill().await;
+    let peak = support::status_kib(pid, "VmHWM:");
+    let _ = server.child.kill().await;
     let rate = |(b, t): (u64, Duration)| b as f64 / t.as_secs_f64() / 1e6;
     println!("date: {}", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
     println!("| export of {n} events (best of 3) | bytes | time | MB/s |");
@@ -150,9 +126,4 @@ async fn main() {
         best_ours.0 as f64 / 1e6
     );
     let _ = owner.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
-}
-
-/// psql wants a URL or conninfo; the tests' key=value form works as conninfo.
-fn pg_url(url: &str) -> String {
-    url.to_owned()
 }

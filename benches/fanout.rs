@@ -30,13 +30,9 @@ use serde_json::{json, Value};
 const EVENTS: usize = 300;
 const SPACING: Duration = Duration::from_millis(5);
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::pct;
 
 async fn reachable(url: &str) -> bool {
     tokio_postgres::connect(url, tokio_postgres::NoTls).await.is_ok()

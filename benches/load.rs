@@ -119,15 +119,6 @@ async fn service_appends(url: &str, schema: &str, lanes: usize) -> (f64, u64, u6
     (appends as f64 / SECS as f64, appends, groups)
 }
 
-fn proc_status(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// User + system CPU seconds of a process.
 fn cpu_secs(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -139,14 +130,6 @@ fn cpu_secs(pid: u32) -> f64 {
 
 fn metric(text: &str, name: &str) -> f64 {
     text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
-}
-
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
 /// Opens `n` SSE streams of `run`; each task records (seq, receipt µs) until `stop`.
@@ -218,37 +201,9 @@ async fn fanout(url: &str, schema: &str) {
         .await
         .expect("tenant")
         .secret;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port");
-    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_agent-stream"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--schema",
-            schema,
-            "--append-rate",
-            "0",
-            "--retention-interval",
-            "0",
-        ])
-        .env("DATABASE_URL", url)
-        .env("RUST_LOG", "error")
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("serve");
-    let pid = server.id().expect("pid");
-    let base = format!("http://127.0.0.1:{port}");
+    let mut server = support::serve(url, schema, &["--append-rate", "0", "--retention-interval", "0"]).await;
+    let (pid, base) = (server.pid, server.base.clone());
     let http = reqwest::Client::new();
-    for _ in 0..200 {
-        if http.get(format!("{base}/healthz")).send().await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     let new_run = || async {
         let v: Value = http
             .post(format!("{base}/v1/runs"))
@@ -269,13 +224,13 @@ async fn fanout(url: &str, schema: &str) {
     // Memory per idle subscriber.
     println!("| idle SSE subscribers | server RSS | RSS per subscriber | target |");
     println!("|---|---|---|---|");
-    let rss0 = proc_status(pid, "VmRSS:");
+    let rss0 = support::status_kib(pid, "VmRSS:");
     println!("| 0 | {:.1} MiB | - | - |", rss0 as f64 / 1024.0);
     for n in [1_000usize, 10_000] {
         let run = new_run().await;
         let (tasks, stop) = subscribe(&base, &key, &run, n, t0).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let rss = proc_status(pid, "VmRSS:");
+        let rss = support::status_kib(pid, "VmRSS:");
         let per = (rss.saturating_sub(rss0)) as f64 / n as f64;
         println!(
             "| {n} | {:.1} MiB | {per:.1} KiB | ≤ 64 KiB: {} |",
@@ -331,7 +286,7 @@ async fn fanout(url: &str, schema: &str) {
         }
     }
     let reads = metric(&m1, "agent_stream_live_reads_total") - metric(&m0, "agent_stream_live_reads_total");
-    let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+    let (p50, p99) = (support::pct(&mut lat, 0.5), support::pct(&mut lat, 0.99));
     let max = lat.last().copied().unwrap_or(f64::NAN);
     println!();
     println!("| 1,000 subscribers, 1,000 events/s (10 per 10 ms) for 3 s | value |");
@@ -343,8 +298,11 @@ async fn fanout(url: &str, schema: &str) {
         "| live-delivery SELECTs per append | {:.2} ({reads:.0} for {appends} appends) |",
         reads / appends as f64
     );
-    let _ = server.kill().await;
+    let _ = server.child.kill().await;
 }
+
+#[path = "support/mod.rs"]
+mod support;
 
 #[tokio::main]
 async fn main() {

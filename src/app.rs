@@ -166,7 +166,7 @@ impl App {
         let run = storage::import::import_run(&self.db, &who.tenant_id, &events).await;
         let counted =
             run.as_ref().ok().map(|r| AppendOutcome { first_seq: 1, last_seq: r.last_seq, replayed: false });
-        self.count(counted.as_ref());
+        self.count(counted.as_ref(), true);
         let run = run?;
         self.live.committed(&who.tenant_id, &run.run_id, run.last_seq);
         Ok(run)
@@ -179,16 +179,11 @@ impl App {
         let out = match &self.group {
             Some(g) => g.append(&who.tenant_id, run_id, batch).await,
             None => {
-                let out =
-                    storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer)
-                        .await;
-                if out.as_ref().is_ok_and(|o| !o.replayed) {
-                    self.metrics.commit_groups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                out
+                storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer).await
             }
         };
-        self.count(out.as_ref().ok());
+        // Group-commit lanes count their own transactions.
+        self.count(out.as_ref().ok(), self.group.is_none());
         let out = out?;
         self.committed(who, run_id, &out);
         Ok(out)
@@ -201,8 +196,9 @@ impl App {
         })
     }
 
-    /// Counts a write (`None`: refused) in the metrics.
-    fn count(&self, out: Option<&AppendOutcome>) {
+    /// Counts a write (`None`: refused) in the metrics; `own_commit` when it committed in
+    /// a transaction of its own.
+    fn count(&self, out: Option<&AppendOutcome>, own_commit: bool) {
         use std::sync::atomic::Ordering::Relaxed;
         let m = &self.metrics;
         match out {
@@ -210,6 +206,9 @@ impl App {
             Some(o) => {
                 m.appends.fetch_add(1, Relaxed);
                 m.events.fetch_add((o.last_seq - o.first_seq + 1) as u64, Relaxed);
+                if own_commit {
+                    m.commit_groups.fetch_add(1, Relaxed);
+                }
             }
             None => _ = m.appends_rejected.fetch_add(1, Relaxed),
         }
@@ -310,10 +309,7 @@ impl App {
             action.events(g, &key_id)
         })
         .await;
-        if out.as_ref().is_ok_and(|o| !o.replayed) {
-            self.metrics.commit_groups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        self.count(out.as_ref().ok());
+        self.count(out.as_ref().ok(), true);
         let out = out?;
         self.committed(who, run_id, &out);
         Ok(out)

@@ -174,15 +174,19 @@ where
     for e in events.iter() {
         types.push(e.body.type_name().into_owned());
         children.push(e.child_id.as_deref());
-        payloads.push(e.body.payload());
+        payloads.push(e.body.payload().to_string());
         keys.push(e.key.as_deref());
     }
+    // Payloads go as text and are cast per row: a `jsonb[]` parameter is parsed whole
+    // while the statement is bound, in memory held until it ends (megabytes for 1,000
+    // events, which the backend's allocator then grows and trims on every batch); the
+    // cast parses each row in memory reset per row (BENCHMARKS.md, `load ingest`).
     let insert = tx
         .prepare_cached(
             "INSERT INTO agent_run_events
                  (tenant_id, run_id, seq, id, ts, type, child_id, payload, idempotency_key, message_id)
-             SELECT $1, $2, u.seq, u.id, $3, u.type, u.child_id, u.payload, u.key, u.message_id
-             FROM unnest($4::bigint[], $5::text[], $6::text[], $7::text[], $8::jsonb[], $9::text[], $10::text[])
+             SELECT $1, $2, u.seq, u.id, $3, u.type, u.child_id, u.payload::jsonb, u.key, u.message_id
+             FROM unnest($4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[])
                   AS u(seq, id, type, child_id, payload, key, message_id)",
         )
         .await?;

@@ -282,7 +282,7 @@ async fn build(
             r_id.push(ids[i].to_string());
             r_type.push(e.body.type_name().into_owned());
             r_child.push(e.child_id.clone());
-            r_payload.push(e.body.payload());
+            r_payload.push(e.body.payload().to_string());
             r_key.push(e.key.clone());
         }
         r_mid.extend(mids);
@@ -296,12 +296,13 @@ async fn build(
         run.guard = guard;
     }
     if !r_seq.is_empty() {
+        // Payloads as text, cast per row: see the single-append statement.
         let insert = tx
             .prepare_cached(
                 "INSERT INTO agent_run_events
                      (tenant_id, run_id, seq, id, ts, type, child_id, payload, idempotency_key, message_id)
-                 SELECT $1, u.run_id, u.seq, u.id, $2, u.type, u.child_id, u.payload, u.key, u.message_id
-                 FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::jsonb[],
+                 SELECT $1, u.run_id, u.seq, u.id, $2, u.type, u.child_id, u.payload::jsonb, u.key, u.message_id
+                 FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
                              $9::text[], $10::text[])
                       AS u(run_id, seq, id, type, child_id, payload, key, message_id)",
             )

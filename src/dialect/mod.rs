@@ -107,6 +107,10 @@ pub enum Data {
     Json(Value),
     /// A literal line (the AI SDK's `[DONE]`).
     Text(&'static str),
+    /// A JSON document already rendered, shared by every subscriber of a page (the
+    /// native envelope of a stored event); [`Out::materialize`] turns it into `Json`
+    /// when an item must change (merging, `dropped_count`).
+    Wire(bytes::Bytes),
 }
 
 /// One encoded item: an SSE frame's `data` or a JSONL line.
@@ -148,7 +152,15 @@ impl Out {
     pub fn json(&self) -> Option<&Value> {
         match &self.data {
             Data::Json(v) => Some(v),
-            Data::Text(_) => None,
+            Data::Text(_) | Data::Wire(_) => None,
+        }
+    }
+
+    /// Parses a shared rendering into a JSON document the item owns.
+    pub fn materialize(&mut self) {
+        if let Data::Wire(b) = &self.data {
+            // Rendered by serde_json from a stored event: it parses.
+            self.data = Data::Json(serde_json::from_slice(b).unwrap_or_default());
         }
     }
 
@@ -157,6 +169,7 @@ impl Out {
         match &self.data {
             Data::Json(v) => v.to_string(),
             Data::Text(t) => (*t).to_owned(),
+            Data::Wire(b) => String::from_utf8_lossy(b).into_owned(),
         }
     }
 }
@@ -180,6 +193,8 @@ pub struct Step<'a> {
     pub change: Change,
     /// The run.
     pub run: &'a RunCtx,
+    /// Where the event's native rendering is kept for everyone reading the same page.
+    pub wire: Option<&'a std::sync::OnceLock<bytes::Bytes>>,
 }
 
 /// One dialect's renderer.
@@ -265,16 +280,22 @@ impl Encoding {
 
     /// Folds one event and renders it.
     pub fn push(&mut self, e: &Event) -> Vec<Out> {
+        self.push_shared(e, None)
+    }
+
+    /// [`Encoding::push`] for an event of a shared page: an encoder that renders the
+    /// event the same way for every subscriber keeps the rendering in `wire`, once.
+    pub fn push_shared(&mut self, e: &Event, wire: Option<&std::sync::OnceLock<bytes::Bytes>>) -> Vec<Out> {
         let change = match self.view.as_mut() {
             Some(v) => v.apply(e),
             None => Change::Nothing,
         };
         let mut out = vec![];
         let view: &RunView = self.view.as_deref().unwrap_or(&NO_VIEW);
-        let step = Step { event: e, view, change, run: &self.run };
+        let step = Step { event: e, view, change, run: &self.run, wire };
         self.encoder.encode(&step, &mut out);
         if is_run_end(e) {
-            if let Some(last) = out.iter_mut().rev().find(|o| matches!(o.data, Data::Json(_))) {
+            if let Some(last) = out.iter_mut().rev().find(|o| !matches!(o.data, Data::Text(_))) {
                 last.terminal = true;
             }
         }
@@ -283,10 +304,17 @@ impl Encoding {
 
     /// See [`Encoder::merge`].
     pub fn merge(&self, pending: &mut Out, next: &Out) -> bool {
-        let merged = pending.class != Class::Control
-            && next.class == pending.class
-            && next.event == pending.event
-            && self.encoder.merge(pending, next);
+        if pending.class == Class::Control || next.class != pending.class || next.event != pending.event {
+            return false;
+        }
+        pending.materialize();
+        let merged = if let Data::Wire(_) = next.data {
+            let mut next = next.clone();
+            next.materialize();
+            self.encoder.merge(pending, &next)
+        } else {
+            self.encoder.merge(pending, next)
+        };
         if merged {
             pending.seq = next.seq;
         }
@@ -295,6 +323,7 @@ impl Encoding {
 
     /// See [`Encoder::annotate_dropped`].
     pub fn annotate_dropped(&self, out: &mut Out, dropped: u64) {
+        out.materialize();
         if let Data::Json(v) = &mut out.data {
             self.encoder.annotate_dropped(v, dropped);
         }

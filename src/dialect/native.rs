@@ -20,8 +20,15 @@ impl Encoder for Native {
             EventBody::ReasoningDelta(_) => Class::Reasoning,
             _ => Class::Control,
         };
-        let data = serde_json::to_value(e).unwrap_or_default();
-        out.push(Out { event: Some(e.body.type_name().into_owned()), ..Out::of(e.seq, class, data) });
+        let data = match step.wire {
+            // The envelope does not depend on the subscriber: render it once per page.
+            Some(w) => {
+                super::Data::Wire(w.get_or_init(|| serde_json::to_vec(e).unwrap_or_default().into()).clone())
+            }
+            None => super::Data::Json(serde_json::to_value(e).unwrap_or_default()),
+        };
+        let event = Some(e.body.type_name().into_owned());
+        out.push(Out { seq: e.seq, first_seq: e.seq, event, data, class, terminal: false });
     }
 
     fn merge(&self, pending: &mut Out, next: &Out) -> bool {

@@ -42,7 +42,10 @@ fn cursor(after_seq: Option<i64>) -> async_graphql::Result<i64> {
 
 /// A tail's batches as a stream; ends after the run's terminal event.
 fn batches(tail: Tail) -> impl Stream<Item = Vec<crate::domain::Event>> {
-    futures::stream::unfold(tail, |mut t| async move { t.next_batch().await.map(|b| (b, t)) })
+    futures::stream::unfold(
+        tail,
+        |mut t| async move { t.next_batch().await.map(|b| (b.events().to_vec(), t)) },
+    )
 }
 
 #[Subscription]

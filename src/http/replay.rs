@@ -15,6 +15,7 @@ use crate::auth::Principal;
 use crate::dialect::Format;
 use crate::domain::Event;
 use crate::error::{Error, ErrorCode, Result};
+use crate::live::Batch;
 use crate::storage::events::Filter;
 
 /// Highest replay speed.
@@ -47,7 +48,7 @@ struct Paced {
 }
 
 impl Source for Paced {
-    async fn next_batch(&mut self) -> Option<Vec<Event>> {
+    async fn next_batch(&mut self) -> Option<Batch> {
         let mut stopping = self.app.stopping();
         if *stopping.borrow_and_update() {
             return None;
@@ -77,7 +78,7 @@ impl Source for Paced {
         }
         self.last_ts = Some(e.ts);
         self.cursor = e.seq;
-        Some(vec![e])
+        Some(Batch::from(vec![e]))
     }
 
     fn behind(&self) -> i64 {

@@ -28,10 +28,10 @@ use serde::Deserialize;
 use super::extract::{Caller, Params};
 use crate::app::AppRef;
 use crate::app::Shedding;
-use crate::dialect::{Class, Encoding, Format, Out};
+use crate::dialect::{Class, Data, Encoding, Format, Out};
 use crate::error::{Error, ErrorCode, Result};
 use crate::live::shape::{Aggregator, WINDOW};
-use crate::live::Tail;
+use crate::live::{Batch, Tail};
 
 /// Keep-alive comment interval (seed 004 §5.1).
 const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -111,7 +111,7 @@ pub(super) fn sse_response<S: Source + Send + 'static>(state: Sending<S>, format
 /// replay, a channel in tests (so the pacing can be checked on tokio's paused clock).
 pub(super) trait Source {
     /// The next events in seq order; `None` at the end.
-    fn next_batch(&mut self) -> impl std::future::Future<Output = Option<Vec<crate::domain::Event>>> + Send;
+    fn next_batch(&mut self) -> impl std::future::Future<Output = Option<Batch>> + Send;
     /// How far behind the newest committed event the consumer is.
     fn behind(&self) -> i64;
     /// Told how many deltas were dropped for this consumer.
@@ -122,7 +122,7 @@ impl Source for Tail {
     fn note_dropped(&self, n: u64) {
         self.note_dropped(n);
     }
-    async fn next_batch(&mut self) -> Option<Vec<crate::domain::Event>> {
+    async fn next_batch(&mut self) -> Option<Batch> {
         Tail::next_batch(self).await
     }
     fn behind(&self) -> i64 {
@@ -192,8 +192,8 @@ impl<S: Source> Sending<S> {
             };
             let behind = self.source.behind();
             let mut items = vec![];
-            for e in &batch {
-                items.extend(self.enc.push(e));
+            for (e, wire) in batch.iter() {
+                items.extend(self.enc.push_shared(e, Some(wire)));
             }
             let dropped = shed(&mut items, behind, self.shedding);
             if dropped > 0 {
@@ -248,7 +248,12 @@ fn frames<S: Source + Send + 'static>(
             if o.terminal && (s.dropped > 0 || s.enc.format() == Format::Native) {
                 s.enc.annotate_dropped(&mut o, s.dropped);
             }
-            let mut sse = SseEvent::default().id(o.seq.to_string()).data(o.to_text());
+            let mut sse = SseEvent::default().id(o.seq.to_string());
+            sse = match &o.data {
+                // Shared renderings are serde_json output: UTF-8 by construction.
+                Data::Wire(b) => sse.data(std::str::from_utf8(b).unwrap_or_default()),
+                _ => sse.data(o.to_text()),
+            };
             if let Some(name) = &o.event {
                 sse = sse.event(name);
             }
@@ -278,8 +283,8 @@ mod tests {
     struct Channel(mpsc::Receiver<Vec<Event>>);
 
     impl Source for Channel {
-        async fn next_batch(&mut self) -> Option<Vec<Event>> {
-            self.0.recv().await
+        async fn next_batch(&mut self) -> Option<Batch> {
+            self.0.recv().await.map(Batch::from)
         }
         fn behind(&self) -> i64 {
             0
@@ -338,5 +343,29 @@ mod tests {
         let frames = shape(true).await;
         assert_eq!(frames.len(), 1001);
         assert!(frames.iter().enumerate().all(|(i, f)| f.first_seq == i as i64 + 1 && f.seq == i as i64 + 1));
+    }
+
+    /// Subscribers of one page share each event's native rendering (rendered once,
+    /// not once per subscriber), and it is the same JSON the unshared path produces.
+    #[tokio::test]
+    async fn subscribers_of_a_page_share_one_rendering() {
+        let events = stored(&[
+            json!({"type": "tool.start", "payload": {"call_id": "c", "tool": "t"}}),
+            json!({"type": "text.delta", "payload": {"text": "hi"}}),
+        ]);
+        let page = Batch::from(events.clone());
+        let rendered = |enc: &mut Encoding| -> Vec<Out> {
+            page.iter().flat_map(|(e, w)| enc.push_shared(e, Some(w))).collect()
+        };
+        let new_enc = || Encoding::new(Format::Native, RunCtx::default(), RunView::new());
+        let (a, b) = (rendered(&mut new_enc()), rendered(&mut new_enc()));
+        let plain: Vec<Out> = events.iter().flat_map(|e| new_enc().push(e)).collect();
+        assert_eq!(a.len(), 2);
+        for ((x, y), p) in a.iter().zip(&b).zip(&plain) {
+            let (Data::Wire(x), Data::Wire(y)) = (&x.data, &y.data) else { panic!("not shared: {x:?}") };
+            assert_eq!(x.as_ptr(), y.as_ptr(), "rendered once, shared");
+            let parsed: serde_json::Value = serde_json::from_slice(x).expect("json");
+            assert_eq!(Some(&parsed), p.json(), "same JSON as the unshared path");
+        }
     }
 }

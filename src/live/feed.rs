@@ -9,8 +9,11 @@
 //! next, so nothing is skipped or repeated.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
 
 use tokio::sync::broadcast;
 
@@ -21,7 +24,67 @@ use crate::storage::events::{read_after, Filter};
 use crate::storage::Db;
 
 /// A page of consecutive events, shared by all subscribers of a run.
-pub type Page = Arc<Vec<Event>>;
+pub type Page = Arc<PageData>;
+
+/// The events of one read, and each event's native JSON once some subscriber needed it:
+/// a page fans out to every subscriber, so rendering it once per page rather than once
+/// per subscriber takes the encoding out of the per-subscriber cost.
+pub struct PageData {
+    events: Vec<Event>,
+    wire: Vec<OnceLock<Bytes>>,
+}
+
+impl PageData {
+    /// A page of `events` (consecutive, in seq order).
+    pub fn new(events: Vec<Event>) -> Page {
+        let wire = events.iter().map(|_| OnceLock::new()).collect();
+        Arc::new(PageData { events, wire })
+    }
+
+    /// The page's events.
+    pub fn events(&self) -> &[Event] {
+        &self.events
+    }
+}
+
+/// Consecutive events handed to one consumer: a slice of a page that other subscribers
+/// may share.
+#[derive(Clone)]
+pub struct Batch {
+    page: Page,
+    range: Range<usize>,
+}
+
+impl Batch {
+    /// The whole of `page`.
+    pub fn whole(page: Page) -> Batch {
+        let range = 0..page.events.len();
+        Batch { page, range }
+    }
+
+    /// Narrows the batch to `range` (indices into [`Batch::events`]).
+    pub fn slice(self, range: Range<usize>) -> Batch {
+        let start = self.range.start + range.start;
+        let end = (self.range.start + range.end).min(self.range.end);
+        Batch { page: self.page, range: start.min(end)..end }
+    }
+
+    /// The events, in seq order.
+    pub fn events(&self) -> &[Event] {
+        &self.page.events[self.range.clone()]
+    }
+
+    /// Each event with its shared native rendering (see [`crate::dialect::Encoding::push_shared`]).
+    pub fn iter(&self) -> impl Iterator<Item = (&Event, &OnceLock<Bytes>)> {
+        self.events().iter().zip(&self.page.wire[self.range.clone()])
+    }
+}
+
+impl From<Vec<Event>> for Batch {
+    fn from(events: Vec<Event>) -> Batch {
+        Batch::whole(PageData::new(events))
+    }
+}
 
 /// Events one feed read returns at most.
 const FEED_PAGE: i64 = 1000;
@@ -99,7 +162,7 @@ async fn run_feed(
                 Ok(evs) => {
                     cursor = evs.last().map_or(cursor, |e| e.seq);
                     let full = evs.len() as i64 == FEED_PAGE;
-                    let _ = tx.send(Arc::new(evs));
+                    let _ = tx.send(PageData::new(evs));
                     if !full {
                         break;
                     }

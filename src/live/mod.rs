@@ -20,7 +20,7 @@ mod hub;
 pub mod shape;
 mod tail;
 
-pub use feed::{Feeds, Page};
+pub use feed::{Batch, Feeds, Page, PageData};
 pub use hub::Hub;
 pub use tail::{is_run_end, Tail};
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::broadcast::{self, error::RecvError};
 
-use super::Page;
+use super::{Batch, Page};
 use crate::app::AppRef;
 use crate::auth::Principal;
 use crate::domain::{Event, EventBody};
@@ -34,6 +34,10 @@ pub struct Tail {
     key_checked: tokio::time::Instant,
     /// When this tail last read rows itself or got a page.
     last_read: tokio::time::Instant,
+    /// Fires every [`KEY_RECHECK`] while waiting. One timer for the tail's life: a
+    /// timeout per wait would register and cancel a timer per subscriber per wake-up.
+    tick: std::pin::Pin<Box<tokio::time::Sleep>>,
+    stopping: tokio::sync::watch::Receiver<bool>,
     done: bool,
 }
 
@@ -60,6 +64,8 @@ impl Tail {
         let newest = app.live.hub.subscribe(&who.tenant_id, &run_id);
         app.metrics.subscribers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let key_checked = tokio::time::Instant::now();
+        let tick = Box::pin(tokio::time::sleep_until(key_checked + KEY_RECHECK.min(REREAD)));
+        let stopping = app.stopping();
         Tail {
             app,
             who,
@@ -71,6 +77,8 @@ impl Tail {
             newest,
             key_checked,
             last_read: key_checked,
+            tick,
+            stopping,
             done: false,
         }
     }
@@ -98,20 +106,25 @@ impl Tail {
     /// The next events after the cursor, in seq order, ending with the run's terminal
     /// event if it comes. `None` once that was handed out, or on a read error (the
     /// client resumes from its cursor and loses nothing).
-    pub async fn next_batch(&mut self) -> Option<Vec<Event>> {
+    pub async fn next_batch(&mut self) -> Option<Batch> {
         if self.done {
             return None;
         }
-        let mut evs = self.next_raw().await?;
-        evs.retain(|e| e.seq > self.cursor);
-        if let Some(end) = evs.iter().position(is_run_end) {
-            evs.truncate(end + 1);
-            self.done = true;
-        }
-        if let Some(last) = evs.last() {
+        let batch = self.next_raw().await?;
+        let evs = batch.events();
+        let start = evs.iter().position(|e| e.seq > self.cursor).unwrap_or(evs.len());
+        let end = match evs[start..].iter().position(is_run_end) {
+            Some(i) => {
+                self.done = true;
+                start + i + 1
+            }
+            None => evs.len(),
+        };
+        let batch = batch.slice(start..end);
+        if let Some(last) = batch.events().last() {
             self.cursor = last.seq;
         }
-        Some(evs)
+        Some(batch)
     }
 
     /// False once the caller's key was revoked (checked every [`KEY_RECHECK`]).
@@ -132,10 +145,9 @@ impl Tail {
         }
     }
 
-    async fn next_raw(&mut self) -> Option<Vec<Event>> {
-        let mut stopping = self.app.stopping();
+    async fn next_raw(&mut self) -> Option<Batch> {
         loop {
-            if *stopping.borrow_and_update() {
+            if *self.stopping.borrow_and_update() {
                 // The process is shutting down: end cleanly; the client resumes from
                 // its cursor on another instance (or this one, restarted).
                 self.done = true;
@@ -153,7 +165,7 @@ impl Tail {
                         self.catching_up = false;
                         self.live = true;
                     }
-                    Ok((_, evs)) => return Some(evs),
+                    Ok((_, evs)) => return Some(Batch::from(evs)),
                     Err(e) => {
                         tracing::warn!(error = %e, run = %self.run_id, "live read failed; closing");
                         return None;
@@ -161,28 +173,34 @@ impl Tail {
                 }
             }
             let waited = tokio::select! {
-                r = tokio::time::timeout(KEY_RECHECK.min(REREAD), self.pages.recv()) => r,
-                _ = stopping.changed() => continue,
+                r = self.pages.recv() => Some(r),
+                _ = self.tick.as_mut() => None,
+                _ = self.stopping.changed() => continue,
             };
             match waited {
-                Ok(Ok(page)) => {
-                    match page.first().inspect(|_| self.last_read = tokio::time::Instant::now()) {
+                Some(Ok(page)) => {
+                    let evs = page.events();
+                    match evs.first().inspect(|_| self.last_read = tokio::time::Instant::now()) {
                         // A page that starts beyond our cursor: we joined between two reads.
                         Some(first) if first.seq > self.cursor + 1 => self.catching_up = true,
-                        _ if page.last().is_some_and(|e| e.seq > self.cursor) => return Some(page.to_vec()),
+                        _ if evs.last().is_some_and(|e| e.seq > self.cursor) => {
+                            return Some(Batch::whole(page))
+                        }
                         _ => {}
                     }
                 }
                 // Fell behind the feed's buffer: read on our own, then rejoin the flow.
-                Ok(Err(RecvError::Lagged(_))) => self.catching_up = true,
-                Ok(Err(RecvError::Closed)) => {
+                Some(Err(RecvError::Lagged(_))) => self.catching_up = true,
+                Some(Err(RecvError::Closed)) => {
                     self.pages =
                         self.app.live.join(&self.app.db, &self.who.tenant_id, &self.run_id, self.cursor);
                     self.catching_up = true;
                 }
-                // Quiet for a while: check the key, and the rows once in a while
-                // (cheap, covers a lost wake-up).
-                Err(_) => {
+                // The tick: the key is checked at the top of the loop; the rows are
+                // read once in a while when no page came (cheap, covers a lost wake-up).
+                None => {
+                    let next = tokio::time::Instant::now() + KEY_RECHECK.min(REREAD);
+                    self.tick.as_mut().reset(next);
                     if self.last_read.elapsed() >= REREAD {
                         self.catching_up = true;
                     }

@@ -294,10 +294,12 @@ async fn a_client_that_never_reads_does_not_grow_server_memory() {
         rss[1]
     );
     // Buffering for 4 stalled streams would cost 4 × 18 MB; what grows is bounded (the
-    // feed keeps 32 pages, each stream at most one page in hand): the second round adds
-    // next to nothing, and the whole stays far below what buffering would take.
+    // feed keeps 32 pages of up to 1,000 events, with each event's rendering once a
+    // stream has sent it, and each stream holds at most one page in hand; measured
+    // growth is 18-19 MB without the renderings, 22-25 MB with them): the second round
+    // adds next to nothing, and the whole stays far below what buffering would take.
     assert!(rss[1] < rss[0] + 6 * 1024, "RSS kept growing: {before} -> {rss:?} KiB");
-    assert!(rss[1] < before + 24 * 1024, "RSS grew from {before} to {rss:?} KiB");
+    assert!(rss[1] < before + 32 * 1024, "RSS grew from {before} to {rss:?} KiB");
     drop(stalled);
 }
 

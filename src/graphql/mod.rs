@@ -7,16 +7,17 @@ mod subscription;
 
 use async_graphql::http::GraphiQLSource;
 use async_graphql::http::ALL_WEBSOCKET_PROTOCOLS;
+use async_graphql::http::{WebSocketProtocols, WsMessage};
 use async_graphql::{Data, Schema};
 use async_graphql_axum::{GraphQLBatchRequest, GraphQLResponse};
-use async_graphql_axum::{GraphQLProtocol, GraphQLWebSocket};
-use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
 use axum::Router;
 
 use crate::app::AppRef;
+use crate::error::{Error, ErrorCode};
 use crate::http::extract::presented_key;
 pub use schema::{Mutation, Query};
 pub use subscription::Subscription;
@@ -128,25 +129,72 @@ fn init_key(payload: &serde_json::Value) -> Option<String> {
 /// `connection_init`; a bad key closes the connection before any operation.
 async fn graphql_ws(
     State(app): State<AppRef>,
-    protocol: GraphQLProtocol,
+    headers: axum::http::HeaderMap,
     upgrade: WebSocketUpgrade,
 ) -> axum::response::Response {
+    let Some(protocol) = ws_protocol(&headers) else {
+        return Error::reject(
+            ErrorCode::InvalidParameter,
+            "`Sec-WebSocket-Protocol` must offer graphql-transport-ws or graphql-ws",
+        )
+        .into_response();
+    };
     let schema = build_schema_cached().clone();
-    upgrade.protocols(ALL_WEBSOCKET_PROTOCOLS).on_upgrade(move |socket| {
-        GraphQLWebSocket::new(socket, schema, protocol)
-            .on_connection_init(move |payload| async move {
-                let key = init_key(&payload);
-                let who = app.authenticate(key.as_deref()).await.map_err(|e| {
-                    use async_graphql::ErrorExtensions;
-                    e.extend()
-                })?;
-                let mut data = Data::default();
-                data.insert(app.clone());
-                data.insert::<CallerResult>(Ok(who));
-                Ok(data)
-            })
-            .serve()
-    })
+    upgrade
+        .protocols(ALL_WEBSOCKET_PROTOCOLS)
+        .on_upgrade(move |socket| serve_ws(socket, schema, protocol, app))
+}
+
+/// The first GraphQL WebSocket protocol the client offers.
+fn ws_protocol(headers: &axum::http::HeaderMap) -> Option<WebSocketProtocols> {
+    let offered = headers.get(axum::http::header::SEC_WEBSOCKET_PROTOCOL)?.to_str().ok()?;
+    offered.split(',').find_map(|p| p.trim().parse().ok())
+}
+
+/// One WebSocket connection. Like async-graphql-axum's own loop, except that messages
+/// that are ready together go out in one write: subscribers of a busy run get a batch
+/// of events per wake-up, and a flush per message made that a syscall per event.
+async fn serve_ws(socket: WebSocket, schema: AgentSchema, protocol: WebSocketProtocols, app: AppRef) {
+    use futures::{FutureExt, SinkExt, StreamExt};
+    let (mut sink, stream) = socket.split();
+    let input = stream.take_while(|m| futures::future::ready(m.is_ok())).filter_map(|m| {
+        futures::future::ready(match m {
+            Ok(m @ (Message::Text(_) | Message::Binary(_))) => Some(m.into_data()),
+            _ => None,
+        })
+    });
+    let out = async_graphql::http::WebSocket::new(schema, input, protocol)
+        .on_connection_init(move |payload| async move {
+            let key = init_key(&payload);
+            let who = app.authenticate(key.as_deref()).await.map_err(|e| {
+                use async_graphql::ErrorExtensions;
+                e.extend()
+            })?;
+            let mut data = Data::default();
+            data.insert(app.clone());
+            data.insert::<CallerResult>(Ok(who));
+            Ok(data)
+        })
+        .map(|m| match m {
+            WsMessage::Text(text) => Message::Text(text.into()),
+            WsMessage::Close(code, reason) => {
+                Message::Close(Some(CloseFrame { code, reason: reason.into() }))
+            }
+        });
+    futures::pin_mut!(out);
+    while let Some(first) = out.next().await {
+        if sink.feed(first).await.is_err() {
+            return;
+        }
+        while let Some(Some(more)) = out.next().now_or_never() {
+            if sink.feed(more).await.is_err() {
+                return;
+            }
+        }
+        if sink.flush().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// `GET /graphql` (GraphiQL), `POST /graphql`, and the WebSocket at `/graphql/ws`.

@@ -6,7 +6,6 @@ mod schema;
 mod subscription;
 
 use async_graphql::http::GraphiQLSource;
-use async_graphql::http::ALL_WEBSOCKET_PROTOCOLS;
 use async_graphql::http::{WebSocketProtocols, WsMessage};
 use async_graphql::{Data, Schema};
 use async_graphql_axum::{GraphQLBatchRequest, GraphQLResponse};
@@ -140,8 +139,10 @@ async fn graphql_ws(
         .into_response();
     };
     let schema = build_schema_cached().clone();
+    // Answer with the protocol the loop will speak: axum alone would pick by the
+    // server's order of preference, which can differ from the client's first choice.
     upgrade
-        .protocols(ALL_WEBSOCKET_PROTOCOLS)
+        .protocols([protocol.sec_websocket_protocol()])
         .on_upgrade(move |socket| serve_ws(socket, schema, protocol, app))
 }
 

@@ -654,6 +654,44 @@ mod graphql_ws {
         assert_eq!(m["payload"]["errors"][0]["extensions"]["code"], "RUN-NOT-FOUND");
         assert!(m["payload"]["data"].is_null());
     }
+
+    /// An upgrade that offers no GraphQL subprotocol is refused before the handshake,
+    /// with the same error body as every other bad request.
+    #[tokio::test]
+    async fn an_upgrade_without_a_graphql_subprotocol_is_refused_with_a_clear_error() {
+        let t = TestApp::new().await;
+        for offered in [None, Some("chat, superchat")] {
+            let mut req =
+                format!("{}/graphql/ws", t.base.replace("http://", "ws://")).into_client_request().unwrap();
+            if let Some(p) = offered {
+                req.headers_mut().insert("Sec-WebSocket-Protocol", p.parse().unwrap());
+            }
+            let err = tokio_tungstenite::connect_async(req).await.expect_err("refused");
+            let tokio_tungstenite::tungstenite::Error::Http(resp) = err else { panic!("{offered:?}: {err}") };
+            assert_eq!(resp.status(), 400, "{offered:?}");
+            let body: Value =
+                serde_json::from_slice(resp.body().as_deref().unwrap_or_default()).expect("json");
+            assert_eq!(body["error"]["code"], "PARAM-INVALID", "{offered:?}: {body}");
+            assert!(
+                body["error"]["message"].as_str().unwrap_or("").contains("graphql-transport-ws"),
+                "{body}"
+            );
+        }
+        // A list that includes a GraphQL protocol after another one is accepted.
+        let mut ws = connect(&t, "chat, graphql-transport-ws", &t.key_a).await;
+        assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack");
+        // The server answers with the client's first GraphQL choice, the one it speaks.
+        for (offered, chosen) in [
+            ("graphql-ws, graphql-transport-ws", "graphql-ws"),
+            ("graphql-transport-ws, graphql-ws", "graphql-transport-ws"),
+        ] {
+            let mut req =
+                format!("{}/graphql/ws", t.base.replace("http://", "ws://")).into_client_request().unwrap();
+            req.headers_mut().insert("Sec-WebSocket-Protocol", offered.parse().unwrap());
+            let (_, resp) = tokio_tungstenite::connect_async(req).await.expect("ws connect");
+            assert_eq!(resp.headers()["sec-websocket-protocol"], chosen, "{offered}");
+        }
+    }
 }
 
 /// Installs tests/node's packages from the lockfile once per test binary (tests that

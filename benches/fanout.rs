@@ -3,7 +3,7 @@
 //!
 //!     cargo bench --bench fanout
 //!
-//! For 1, 100 and 1000 SSE subscribers (`detail=full`) the producer appends one small
+//! For 1, 100 and 1000 SSE subscribers (`detail=full`, read by a bare socket reader) the producer appends one small
 //! event every 5 ms (300 events) through the same two calls the HTTP handler makes:
 //! `storage::append` (validate, insert, commit) and `Live::committed` (wake-up). The
 //! time between them is the commit time; a subscriber's latency is its receipt of that
@@ -24,7 +24,6 @@ use agent_stream::app::{App, Settings};
 use agent_stream::auth::Scope;
 use agent_stream::domain::{Batch, Framing, Origin};
 use agent_stream::storage::{db, migrate, tenants, Db, DbConfig};
-use futures::StreamExt;
 use serde_json::{json, Value};
 
 const EVENTS: usize = 300;
@@ -32,7 +31,7 @@ const SPACING: Duration = Duration::from_millis(5);
 
 #[path = "support/mod.rs"]
 mod support;
-use support::pct;
+use support::{pct, SseReader};
 
 async fn reachable(url: &str) -> bool {
     tokio_postgres::connect(url, tokio_postgres::NoTls).await.is_ok()
@@ -40,32 +39,6 @@ async fn reachable(url: &str) -> bool {
 
 fn micros_since(base: Instant) -> u64 {
     base.elapsed().as_micros() as u64
-}
-
-async fn bare_notify(url: &str, base: Instant) -> Vec<f64> {
-    let (listener, mut conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut msgs = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
-        while let Some(Ok(m)) = msgs.next().await {
-            if let tokio_postgres::AsyncMessage::Notification(n) = m {
-                let _ = tx.send((micros_since(base), n.payload().to_owned()));
-            }
-        }
-    });
-    listener.batch_execute("LISTEN bench_fanout").await.expect("listen");
-    let (sender, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
-    tokio::spawn(conn);
-    let mut lat = vec![];
-    for _ in 0..EVENTS {
-        let sent = micros_since(base);
-        sender.execute("SELECT pg_notify('bench_fanout', $1)", &[&sent.to_string()]).await.expect("notify");
-        let (got, payload) = rx.recv().await.expect("notification");
-        let sent: u64 = payload.parse().expect("payload");
-        lat.push((got - sent) as f64 / 1000.0);
-        tokio::time::sleep(SPACING).await;
-    }
-    lat
 }
 
 /// Rows/s of single-row autocommit INSERTs from `clients` connections for `secs`.
@@ -174,7 +147,7 @@ async fn main() {
     let base_url = format!("http://{addr}");
     let base = Instant::now();
 
-    let mut bare = bare_notify(&url, base).await;
+    let mut bare = support::bare_notify(&url, EVENTS, SPACING).await;
     let (b50, b99) = (pct(&mut bare, 0.5), pct(&mut bare, 0.99));
     println!("date: {}", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
     println!("baseline NOTIFY->LISTEN: p50 {b50:.2} ms, p99 {b99:.2} ms ({EVENTS} notifications)");
@@ -187,7 +160,7 @@ async fn main() {
         .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 100, 1000]);
     for subs in sizes {
-        let http = reqwest::Client::builder().pool_max_idle_per_host(subs + 8).build().expect("client");
+        let http = reqwest::Client::new();
         let run: Value = http
             .post(format!("{base_url}/v1/runs"))
             .bearer_auth(&key)
@@ -204,36 +177,27 @@ async fn main() {
         let ready = Arc::new(tokio::sync::Barrier::new(subs + 1));
         let mut readers = vec![];
         for _ in 0..subs {
-            let (http, url, key, lat, ready) = (
-                http.clone(),
-                format!("{base_url}/v1/runs/{run}/stream?detail=full"),
+            let (addr, path, key, lat, ready) = (
+                addr.to_string(),
+                format!("/v1/runs/{run}/stream?detail=full"),
                 key.clone(),
                 lat.clone(),
                 ready.clone(),
             );
             readers.push(tokio::spawn(async move {
-                let r = http.get(url).bearer_auth(key).send().await.expect("stream");
-                let mut body = r.bytes_stream();
+                let mut sse = SseReader::open(&addr, &path, &key).await.expect("stream");
                 ready.wait().await;
-                let mut buf = String::new();
                 let mut mine = Vec::with_capacity(EVENTS);
-                let mut seen = 0;
-                while seen < EVENTS {
-                    let Some(Ok(chunk)) = body.next().await else { break };
-                    let now = micros_since(base);
-                    buf.push_str(&String::from_utf8_lossy(&chunk));
+                let mut ids = vec![];
+                while mine.len() < EVENTS {
+                    ids.clear();
+                    let open = sse.read_ids(&mut ids).await.unwrap_or(false);
                     // A frame's `id:` is its seq: a client knows what arrived without
                     // parsing the JSON, so receipt is timed at the socket read.
-                    while let Some(i) = buf.find("\n\n") {
-                        let seq = buf[..i]
-                            .lines()
-                            .find_map(|l| l.strip_prefix("id:"))
-                            .and_then(|v| v.trim().parse::<i64>().ok());
-                        buf.drain(..i + 2);
-                        if let Some(seq) = seq {
-                            mine.push((seq, now));
-                            seen += 1;
-                        }
+                    let now = micros_since(base);
+                    mine.extend(ids.iter().map(|seq| (*seq, now)));
+                    if !open {
+                        break;
                     }
                 }
                 lat.lock().unwrap_or_else(|p| p.into_inner()).extend(mine);

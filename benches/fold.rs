@@ -7,14 +7,19 @@
 //! the floor any fold pays.
 //!
 //!     cargo bench --bench fold
+//!
+//! `cargo bench --bench load -- fold` times the same fold without criterion, as one
+//! table of the load tool.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
-use agent_stream::domain::{Event, EventBody};
 use agent_stream::projection::RunView;
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+
+#[path = "support/mod.rs"]
+mod support;
 
 /// Counts live heap bytes.
 struct Counting;
@@ -42,25 +47,15 @@ static GLOBAL: Counting = Counting;
 
 const EVENTS: usize = 1_000_000;
 
-fn log(n: usize, delta_pct: u32) -> Vec<Event> {
-    agent_stream::testkit::stored(&agent_stream::testkit::generated_run_mix(42, n, delta_pct))
-}
-
-fn touch(events: &[Event]) -> usize {
-    events.iter().filter(|e| matches!(e.body, EventBody::TextDelta(_))).count()
-}
-
 fn bench(c: &mut Criterion) {
-    // "chatty": 85% streamed deltas, like a real agent run; "mixed": every kind of event
-    // frequent (the property tests' generator), the harder case for the fold.
-    for (name, delta_pct) in [("chatty", 85), ("mixed", 0)] {
+    for (name, delta_pct) in support::FOLD_MIXES {
         bench_mix(c, name, delta_pct);
     }
 }
 
 fn bench_mix(c: &mut Criterion, name: &str, delta_pct: u32) {
     let before = LIVE.load(Ordering::Relaxed);
-    let events = log(EVENTS, delta_pct);
+    let events = support::fold_log(EVENTS, delta_pct);
     let log_bytes = LIVE.load(Ordering::Relaxed) - before;
     let before = LIVE.load(Ordering::Relaxed);
     let view = RunView::fold(&events);
@@ -82,7 +77,7 @@ fn bench_mix(c: &mut Criterion, name: &str, delta_pct: u32) {
         .measurement_time(Duration::from_secs(20))
         .throughput(Throughput::Elements(events.len() as u64));
     g.bench_with_input(BenchmarkId::new("baseline_touch", events.len()), &events, |b, ev| {
-        b.iter(|| black_box(touch(black_box(ev))))
+        b.iter(|| black_box(support::touch(black_box(ev))))
     });
     g.bench_with_input(BenchmarkId::new("reducer", events.len()), &events, |b, ev| {
         // Dropping the view is not part of folding it.

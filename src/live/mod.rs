@@ -10,7 +10,8 @@
 //!   When it reconnects (with backoff), every subscriber re-reads its cursor, because
 //!   notifications sent while it was away are lost.
 //! - A slow safety poll compares the runs subscribers watch with their committed
-//!   `last_seq`, catching any wake-up lost on the way.
+//!   `last_seq`, catching any wake-up lost on the way. It wakes the run's feed, so one
+//!   read serves every subscriber; idle subscribers never poll on their own.
 //!
 //! Notifications are never the data, only the reason to read rows with `seq > cursor`.
 

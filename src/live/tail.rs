@@ -14,8 +14,6 @@ use crate::storage::events::Filter;
 
 /// Events one catch-up read returns at most.
 const PAGE: i64 = 500;
-/// Longest wait without a page before checking the rows anyway.
-const REREAD: Duration = Duration::from_secs(5);
 
 /// Where a subscriber is in a run's log.
 pub struct Tail {
@@ -32,8 +30,6 @@ pub struct Tail {
     newest: tokio::sync::watch::Receiver<i64>,
     /// When the caller's key was last confirmed valid.
     key_checked: tokio::time::Instant,
-    /// When this tail last read rows itself or got a page.
-    last_read: tokio::time::Instant,
     /// Fires every [`KEY_RECHECK`] while waiting. One timer for the tail's life: a
     /// timeout per wait would register and cancel a timer per subscriber per wake-up.
     tick: std::pin::Pin<Box<tokio::time::Sleep>>,
@@ -64,7 +60,7 @@ impl Tail {
         let newest = app.live.hub.subscribe(&who.tenant_id, &run_id);
         app.metrics.subscribers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let key_checked = tokio::time::Instant::now();
-        let tick = Box::pin(tokio::time::sleep_until(key_checked + KEY_RECHECK.min(REREAD)));
+        let tick = Box::pin(tokio::time::sleep_until(key_checked + KEY_RECHECK));
         let stopping = app.stopping();
         Tail {
             app,
@@ -76,7 +72,6 @@ impl Tail {
             live: false,
             newest,
             key_checked,
-            last_read: key_checked,
             tick,
             stopping,
             done: false,
@@ -158,7 +153,6 @@ impl Tail {
                 return None;
             }
             if self.catching_up {
-                self.last_read = tokio::time::Instant::now();
                 self.app.live.feeds.count_read();
                 match self.app.events(&self.who, &self.run_id, self.cursor, PAGE, &Filter::default()).await {
                     Ok((_, evs)) if evs.is_empty() => {
@@ -180,7 +174,7 @@ impl Tail {
             match waited {
                 Some(Ok(page)) => {
                     let evs = page.events();
-                    match evs.first().inspect(|_| self.last_read = tokio::time::Instant::now()) {
+                    match evs.first() {
                         // A page that starts beyond our cursor: we joined between two reads.
                         Some(first) if first.seq > self.cursor + 1 => self.catching_up = true,
                         _ if evs.last().is_some_and(|e| e.seq > self.cursor) => {
@@ -196,14 +190,12 @@ impl Tail {
                         self.app.live.join(&self.app.db, &self.who.tenant_id, &self.run_id, self.cursor);
                     self.catching_up = true;
                 }
-                // The tick: the key is checked at the top of the loop; the rows are
-                // read once in a while when no page came (cheap, covers a lost wake-up).
+                // The tick: the key is checked at the top of the loop. A lost wake-up
+                // is not this tail's to cover: the run's feed polls for it once for all
+                // its subscribers (a re-read per tail made idle reads grow with them).
                 None => {
-                    let next = tokio::time::Instant::now() + KEY_RECHECK.min(REREAD);
+                    let next = tokio::time::Instant::now() + KEY_RECHECK;
                     self.tick.as_mut().reset(next);
-                    if self.last_read.elapsed() >= REREAD {
-                        self.catching_up = true;
-                    }
                 }
             }
         }

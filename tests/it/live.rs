@@ -270,6 +270,45 @@ async fn subscribers_of_one_run_share_reads() {
     );
 }
 
+/// A write no process announced (rows inserted in SQL: no NOTIFY, no local wake-up)
+/// reaches every subscriber through the safety poll, and idle subscribers do not each
+/// poll the database: with 20 of them, reads while idle stay those of the one feed.
+#[tokio::test]
+async fn an_unannounced_write_arrives_by_the_safety_poll_and_idle_subscribers_do_not_poll() {
+    const SUBSCRIBERS: usize = 20;
+    let t = TestApp::new().await;
+    let run = running_run(&t).await;
+    let mut readers = vec![];
+    for _ in 0..SUBSCRIBERS {
+        let mut sse = SseReader::new(open(&t, &t.base, &run, None, "").await);
+        assert_eq!(sse.next().await.and_then(|f| f.id), Some(1), "caught up");
+        readers.push(sse);
+    }
+    let before = t.app.live.feeds.reads();
+    // Longer than any per-subscriber re-read interval would be; real time, because the
+    // database and the server run on it.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let idle = t.app.live.feeds.reads() - before;
+    assert!(idle <= 3, "{idle} reads in 6 s idle with {SUBSCRIBERS} subscribers: idle polling must not grow with subscribers");
+    let owner = t.db.owner().await;
+    owner
+        .execute(
+            "INSERT INTO agent_run_events (tenant_id, run_id, seq, id, ts, type, payload)
+             VALUES ($1, $2, 2, $3, now(), 'custom.quiet', '{}')",
+            &[&t.tenant_a, &run, &ulid::Ulid::new().to_string()],
+        )
+        .await
+        .expect("insert");
+    owner
+        .execute("UPDATE runs SET last_seq = 2 WHERE tenant_id = $1 AND run_id = $2", &[&t.tenant_a, &run])
+        .await
+        .expect("update");
+    for sse in readers.iter_mut() {
+        let f = sse.next().await.expect("frame");
+        assert_eq!((f.id, f.event.as_deref()), (Some(2), Some("custom.quiet")));
+    }
+}
+
 /// Seed 004 T4: 1000 deltas in about a second come out as at most ~10 frames by default
 /// (merged, nothing lost: the text and the covered seqs add up) and as 1000 with
 /// `detail=full`; control events are never merged.

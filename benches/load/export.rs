@@ -1,34 +1,23 @@
-//! JSONL export throughput and memory: a 1,000,000-event run exported over HTTP by a
-//! separate `agent-stream serve` process, next to `psql -c "COPY (SELECT row_to_json(e)
-//! ...) TO STDOUT"` over the same rows, measured in the same run.
-//!
-//!     cargo bench --bench export            # EXPORT_EVENTS=200000 for a quicker run
+//! `export`: JSONL export of a 1,000,000-event run over HTTP by a separate
+//! `agent-stream serve` process, against `psql -c "COPY (SELECT row_to_json(e) ...) TO
+//! STDOUT"` over the same rows, both best of 3 in the same run.
 //!
 //! Reported: bytes/s of each and their ratio, and the server's resident memory before
-//! and at its peak (VmHWM) while it streams. Needs PostgreSQL like the tests
-//! (`DATABASE_URL`, else 127.0.0.1:5432) and `psql` on the PATH.
+//! and at its peak (VmHWM) while it streams. `EXPORT_EVENTS=200000` for a quicker run.
+//! Needs `psql` on the PATH.
 
 use std::time::{Duration, Instant};
 
 use agent_stream::auth::Scope;
-use agent_stream::storage::{db, migrate, tenants};
+use agent_stream::storage::{db, tenants};
 use futures::StreamExt;
 
-#[path = "support/mod.rs"]
-mod support;
+use crate::support;
 
-#[tokio::main]
-async fn main() {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".to_owned());
+/// Runs the scenario in `schema` and prints its table.
+pub async fn run(url: &str, schema: &str) {
     let n: i64 = std::env::var("EXPORT_EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
-    if tokio_postgres::connect(&url, tokio_postgres::NoTls).await.is_err() {
-        eprintln!("export: no PostgreSQL at {url}; set DATABASE_URL. Skipping.");
-        return;
-    }
-    let schema = format!("bench_export_{}", std::process::id());
-    migrate::migrate(&url, &schema).await.expect("migrate");
-    let mut owner = db::connect_owner(&url, &schema).await.expect("owner");
+    let mut owner = db::connect_owner(url, schema).await.expect("owner");
     let key =
         tenants::create_tenant(&mut owner, "bench", &[Scope::Read, Scope::Write]).await.expect("tenant");
     let run = ulid::Ulid::new().to_string();
@@ -61,14 +50,14 @@ async fn main() {
     );
     let mut best_copy = (0u64, Duration::MAX);
     let mut best_ours = (0u64, Duration::MAX);
-    let mut server = support::serve(&url, &schema, &[]).await;
+    let mut server = support::serve(url, schema, &[]).await;
     let (pid, base) = (server.pid, server.base.clone());
     let http = reqwest::Client::new();
     let rss_before = support::status_kib(pid, "VmRSS:");
     for _ in 0..3 {
         let t = Instant::now();
         let out = std::process::Command::new("psql")
-            .arg(&url)
+            .arg(url)
             .args(["-X", "-q", "-c", &copy])
             .stdout(std::process::Stdio::piped())
             .output()
@@ -103,7 +92,6 @@ async fn main() {
     let peak = support::status_kib(pid, "VmHWM:");
     let _ = server.child.kill().await;
     let rate = |(b, t): (u64, Duration)| b as f64 / t.as_secs_f64() / 1e6;
-    println!("date: {}", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
     println!("| export of {n} events (best of 3) | bytes | time | MB/s |");
     println!("|---|---|---|---|");
     println!(
@@ -125,5 +113,4 @@ async fn main() {
         peak as f64 / 1024.0,
         best_ours.0 as f64 / 1e6
     );
-    let _ = owner.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
 }

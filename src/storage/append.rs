@@ -190,12 +190,6 @@ where
                   AS u(seq, id, type, child_id, payload, key, message_id)",
         )
         .await?;
-    tx.execute(
-        &insert,
-        &[&tenant, &run_id, &now, &seqs, &id_strs, &types, &children, &payloads, &keys, &message_ids],
-    )
-    .await?;
-
     let new_last = last_seq + n as i64;
     let state = guard.state();
     let ended = state.filter(|s| s.is_terminal() && before != state).map(|_| now);
@@ -207,11 +201,14 @@ where
         )
         .await?;
     let last_id_str = id_strs.last().cloned();
-    tx.execute(
-        &update,
-        &[&tenant, &run_id, &new_last, &last_id_str, &state.map(|s| s.as_str()), &now, &ended],
-    )
-    .await?;
+    // Sent together, answered in order: one round trip for both. If the insert fails
+    // the update fails with it and the transaction rolls back.
+    let state_str = state.map(|s| s.as_str());
+    let rows: [&(dyn tokio_postgres::types::ToSql + Sync); 10] =
+        [&tenant, &run_id, &now, &seqs, &id_strs, &types, &children, &payloads, &keys, &message_ids];
+    let run_row: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+        [&tenant, &run_id, &new_last, &last_id_str, &state_str, &now, &ended];
+    futures::try_join!(tx.execute(&insert, &rows), tx.execute(&update, &run_row))?;
     tx.commit().await?;
     *cached = Some(guard);
     Ok(AppendOutcome { first_seq: last_seq + 1, last_seq: new_last, replayed: false })

@@ -93,7 +93,10 @@ impl Db {
 /// Starts a transaction scoped to `tenant`: every RLS policy now sees this tenant only.
 pub async fn tenant_tx<'a>(client: &'a mut ClientWrapper, tenant: &str) -> Result<Transaction<'a>> {
     let tx = client.transaction().await?;
-    tx.execute("SELECT set_config('agent_stream.tenant_id', $1, true)", &[&tenant]).await?;
+    // Prepared once per connection: an unprepared statement costs a round trip of its
+    // own to parse, and every transaction of the service starts here.
+    let set = tx.prepare_cached("SELECT set_config('agent_stream.tenant_id', $1, true)").await?;
+    tx.execute(&set, &[&tenant]).await?;
     Ok(tx)
 }
 

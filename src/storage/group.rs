@@ -307,11 +307,6 @@ async fn build(
                       AS u(run_id, seq, id, type, child_id, payload, key, message_id)",
             )
             .await?;
-        tx.execute(
-            &insert,
-            &[&tenant, &now, &r_run, &r_seq, &r_id, &r_type, &r_child, &r_payload, &r_key, &r_mid],
-        )
-        .await?;
         let (mut u_run, mut u_last, mut u_id, mut u_state, mut u_ended) =
             (vec![], vec![], vec![], vec![], vec![]);
         for (run_id, s) in &state {
@@ -331,7 +326,12 @@ async fn build(
                  WHERE r.tenant_id = $1 AND r.run_id = u.run_id AND r.last_seq <> u.last_seq",
             )
             .await?;
-        tx.execute(&update, &[&tenant, &now, &u_run, &u_last, &u_id, &u_state, &u_ended]).await?;
+        // One round trip for both, as in the single-append path.
+        let rows: [&(dyn tokio_postgres::types::ToSql + Sync); 10] =
+            [&tenant, &now, &r_run, &r_seq, &r_id, &r_type, &r_child, &r_payload, &r_key, &r_mid];
+        let run_rows: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+            [&tenant, &now, &u_run, &u_last, &u_id, &u_state, &u_ended];
+        futures::try_join!(tx.execute(&insert, &rows), tx.execute(&update, &run_rows))?;
     }
     Ok((results, state))
 }

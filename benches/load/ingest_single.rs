@@ -1,6 +1,6 @@
 //! `ingest-single`: 64 producers, each appending single ~100-byte text deltas to its
-//! own run over HTTP as fast as answers come, for 5 s, with group commit on (4 lanes) and
-//! off; baseline: single-row autocommit INSERTs of the same rows into a table like
+//! own run over HTTP as fast as answers come, for 5 s, with group commit on (4 lanes, the
+//! default; `INGEST_LANES=n` for another count) and off; baseline: single-row autocommit INSERTs of the same rows into a table like
 //! `agent_run_events` from 16 and from 64 connections. The service is a separate
 //! `agent-stream serve` process (release binary, rate limit off), so its CPU is read
 //! apart from the producers'; the rows it stored are counted in SQL after each run and
@@ -99,14 +99,17 @@ async fn service_appends(url: &str, schema: &str, lanes: usize) -> Service {
         runs.push(v["run_id"].as_str().expect("run_id").to_owned());
     }
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let metrics = || async { http.get(format!("{base}/metrics")).send().await.expect("metrics").text().await.expect("text") };
+    let metrics = || async {
+        http.get(format!("{base}/metrics")).send().await.expect("metrics").text().await.expect("text")
+    };
     let groups_before = support::metric(&metrics().await, "agent_stream_commit_groups_total");
     let cpu0 = support::cpu_secs(server.pid);
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs(SECS);
     let mut tasks = vec![];
     for run in runs {
-        let (http, base, key, ok, failed) = (http.clone(), base.clone(), key.clone(), ok.clone(), failed.clone());
+        let (http, base, key, ok, failed) =
+            (http.clone(), base.clone(), key.clone(), ok.clone(), failed.clone());
         tasks.push(tokio::spawn(async move {
             let mut n = 0u64;
             while Instant::now() < deadline {
@@ -131,20 +134,28 @@ async fn service_appends(url: &str, schema: &str, lanes: usize) -> Service {
         .expect("count")
         .get(0);
     assert_eq!(stored as u64, appends, "rows stored must equal appends answered 201");
-    Service { rate: appends as f64 / secs, appends, failed: failed.load(Ordering::Relaxed), groups: groups as u64, cpu }
+    Service {
+        rate: appends as f64 / secs,
+        appends,
+        failed: failed.load(Ordering::Relaxed),
+        groups: groups as u64,
+        cpu,
+    }
 }
 
 /// Runs the scenario in `schema` and prints its table.
 pub async fn run(url: &str, schema: &str) {
     let raw16 = raw_inserts(url, schema, 16).await;
     let raw64 = raw_inserts(url, schema, 64).await;
-    let grouped = service_appends(url, schema, 4).await;
+    let lanes = std::env::var("INGEST_LANES").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
+    let grouped = service_appends(url, schema, lanes).await;
     let alone = service_appends(url, schema, 0).await;
     println!("| ingest-single ({SECS} s each) | rows/s | vs raw, 16 clients | server CPU (cores) | failed |");
     println!("|---|---|---|---|---|");
     println!("| raw single-row autocommit INSERT, 16 clients (baseline) | {raw16:.0} | 1.00 | - | - |");
     println!("| raw single-row autocommit INSERT, 64 clients | {raw64:.0} | {:.2} | - | - |", raw64 / raw16);
-    for (name, s) in [("group commit (4 lanes)", &grouped), ("one commit per append", &alone)] {
+    let name = format!("group commit ({lanes} lanes)");
+    for (name, s) in [(name.as_str(), &grouped), ("one commit per append", &alone)] {
         println!(
             "| HTTP append, 64 producers, {name} | {:.0} | {:.2} | {:.2} | {} |",
             s.rate,

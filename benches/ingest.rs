@@ -311,7 +311,7 @@ struct RawRows {
     ids: Vec<String>,
     types: Vec<String>,
     children: Vec<Option<String>>,
-    payloads: Vec<Value>,
+    payloads: Vec<String>,
     keys: Vec<Option<String>>,
 }
 
@@ -325,8 +325,9 @@ impl RawRows {
             ids,
             types: vec!["text.delta".to_owned(); BATCH],
             children: vec![None; BATCH],
-            // The canonical payload the append path stores for these events.
-            payloads: texts.iter().map(|t| json!({"text": t})).collect(),
+            // The canonical payload the append path stores for these events, sent as
+            // text and cast per row as the append path does.
+            payloads: texts.iter().map(|t| json!({"text": t}).to_string()).collect(),
             keys: vec![None; BATCH],
         }
     }
@@ -335,8 +336,8 @@ impl RawRows {
 fn prepare_insert(rt: &Runtime, env: &Env) -> tokio_postgres::Statement {
     rt.block_on(env.owner.prepare(&format!(
         "INSERT INTO bench_raw ({COLUMNS})
-             SELECT $1, $2, u.seq, u.id, $3, u.type, u.child_id, u.payload, u.key
-             FROM unnest($4::bigint[], $5::text[], $6::text[], $7::text[], $8::jsonb[], $9::text[])
+             SELECT $1, $2, u.seq, u.id, $3, u.type, u.child_id, u.payload::jsonb, u.key
+             FROM unnest($4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
                   AS u(seq, id, type, child_id, payload, key)"
     )))
     .expect("prepare insert")

@@ -8,7 +8,8 @@
 //! backlog gets up to 20 s to drain:
 //! append sent → receipt latency (receipt timed at the socket read, the seq read off
 //! the frame without parsing it), events received against expected, the server's CPU,
-//! and live-delivery SELECTs per append (from `/metrics`). The baseline, in the same
+//! and live-delivery SELECTs per append (from `/metrics`; the producer starts once the
+//! subscribers' joining reads, reported per subscriber, have stopped). The baseline, in the same
 //! run: bare NOTIFY → LISTEN latency between two connections.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -177,12 +178,26 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
     let t0 = Instant::now();
     let count = Arc::new(AtomicU64::new(0));
     let rss0 = support::status_kib(pid, "VmRSS:");
+    let metrics =
+        || async { http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap() };
+    let reads = |m: &str| support::metric(m, "agent_stream_live_reads_total");
+    let joined0 = reads(&metrics().await);
     let (tasks, stop) = subscribe(how, &base, key, &run, n, t0, count.clone()).await;
     eprintln!("{} {n}: subscribed in {:.1} s", how.name(), t0.elapsed().as_secs_f64());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Settle: a subscriber that got seq 1 may still owe the read that finds it caught
+    // up. Joining costs reads per subscriber, once; appends must not, so the producer
+    // starts when reads have been still for a second.
+    let mut m0 = metrics().await;
+    let (mut still, settle_until) = (0, Instant::now() + Duration::from_secs(60));
+    while still < 4 && Instant::now() < settle_until {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let m = metrics().await;
+        still = if reads(&m) == reads(&m0) { still + 1 } else { 0 };
+        m0 = m;
+    }
+    let join_reads = (reads(&m0) - joined0) / n as f64;
     let rss = support::status_kib(pid, "VmRSS:");
     let per_sub = rss.saturating_sub(rss0) as f64 / n as f64;
-    let m0 = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
     let (cpu0, wall0) = (support::cpu_secs(pid), Instant::now());
     let mut sent: std::collections::HashMap<i64, u64> = Default::default();
     let mut appends = 0u64;
@@ -218,7 +233,7 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (cpu, wall) = (support::cpu_secs(pid) - cpu0, wall0.elapsed().as_secs_f64());
-    let m1 = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    let m1 = metrics().await;
     let _ = stop.send(true);
     eprintln!("{} {n}: drained after {:.1} s", how.name(), wall0.elapsed().as_secs_f64());
     let mut lat = vec![];
@@ -230,8 +245,7 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
         }
     }
     let received = lat.len();
-    let reads = support::metric(&m1, "agent_stream_live_reads_total")
-        - support::metric(&m0, "agent_stream_live_reads_total");
+    let reads = reads(&m1) - reads(&m0);
     let (p50, p99) = (support::pct(&mut lat, 0.5), support::pct(&mut lat, 0.99));
     let max = lat.last().copied().unwrap_or(f64::NAN);
     let target = if how == Transport::Sse && n == 1_000 {
@@ -244,7 +258,7 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
         ""
     };
     println!(
-        "| {} | {n} | {:.0} | {per_sub:.1} KiB | {p50:.2} / {p99:.2}{target} / {max:.2} | {received} / {} | {:.0}% | {:.1} µs | {:.2} |",
+        "| {} | {n} | {:.0} | {per_sub:.1} KiB | {p50:.2} / {p99:.2}{target} / {max:.2} | {received} / {} | {:.0}% | {:.1} µs | {:.2} | {join_reads:.2} |",
         how.name(),
         sent.len() as f64 / produced,
         sent.len() * n,
@@ -281,8 +295,8 @@ pub async fn run(url: &str, schema: &str) {
     println!(
         "producer: 1,000 events/s (10 `custom.tick` per append every 10 ms); 3 s, 1 s at 10,000 subscribers"
     );
-    println!("| transport | subscribers | events/s the producer achieved (offered 1,000) | server RSS per subscriber (target ≤ 64 KiB for SSE) | append sent → receipt p50 / p99 / max (ms) | received / expected | server CPU | server CPU per delivered event | live SELECTs per append |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| transport | subscribers | events/s the producer achieved (offered 1,000) | server RSS per subscriber (target ≤ 64 KiB for SSE) | append sent → receipt p50 / p99 / max (ms) | received / expected | server CPU | server CPU per delivered event | live SELECTs per append | SELECTs per subscriber to join |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for how in [Transport::Sse, Transport::Ws] {
         // A fresh server per transport, so one's freed memory does not hide the other's.
         let mut server =

@@ -24,7 +24,7 @@ use agent_stream::app::{App, Settings};
 use agent_stream::auth::Scope;
 use agent_stream::domain::{Batch, Framing, Origin};
 use agent_stream::storage::{db, migrate, tenants, Db, DbConfig};
-use serde_json::{json, Value};
+use serde_json::json;
 
 const EVENTS: usize = 300;
 const SPACING: Duration = Duration::from_millis(5);
@@ -161,16 +161,7 @@ async fn main() {
         .unwrap_or_else(|| vec![1, 100, 1000]);
     for subs in sizes {
         let http = reqwest::Client::new();
-        let run: Value = http
-            .post(format!("{base_url}/v1/runs"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .expect("run")
-            .json()
-            .await
-            .expect("json");
-        let run = run["run_id"].as_str().expect("run id").to_owned();
+        let run = support::create_run(&http, &base_url, &key).await;
         // (seq, receipt) per subscriber event, and the commit time per seq.
         let lat: Arc<Mutex<Vec<(i64, u64)>>> = Arc::new(Mutex::new(Vec::with_capacity(subs * EVENTS)));
         let commits: Arc<Mutex<std::collections::HashMap<i64, u64>>> = Default::default();

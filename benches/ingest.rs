@@ -31,6 +31,9 @@ use chrono::{DateTime, Utc};
 use criterion::{Criterion, Throughput};
 use futures::SinkExt;
 use serde_json::{json, Value};
+
+#[path = "support/mod.rs"]
+mod support;
 use tokio::runtime::Runtime;
 
 /// Events (rows) per batch.
@@ -203,16 +206,7 @@ async fn teardown(env: &Env) {
 
 impl Env {
     async fn create_run(&self) -> String {
-        let r = self
-            .http
-            .post(format!("{}/v1/runs", self.base))
-            .bearer_auth(&self.key)
-            .send()
-            .await
-            .expect("create run");
-        assert_eq!(r.status(), reqwest::StatusCode::CREATED, "create run");
-        let v: Value = r.json().await.expect("json");
-        v["run_id"].as_str().expect("run_id").to_owned()
+        support::create_run(&self.http, &self.base, &self.key).await
     }
 
     /// Scenario A: one batch over HTTP; the time of the request alone.

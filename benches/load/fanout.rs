@@ -170,9 +170,7 @@ impl Sub {
 async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, secs: u64) {
     let (pid, base) = (server.pid, server.base.clone());
     let http = reqwest::Client::new();
-    let v: Value =
-        http.post(format!("{base}/v1/runs")).bearer_auth(key).send().await.unwrap().json().await.unwrap();
-    let run = v["run_id"].as_str().unwrap().to_owned();
+    let run = support::create_run(&http, &base, key).await;
     let body = json!([{"type": "run.lifecycle", "payload": {"state": "running"}}]);
     http.post(format!("{base}/v1/runs/{run}/events")).bearer_auth(key).json(&body).send().await.unwrap();
     let t0 = Instant::now();

@@ -230,16 +230,7 @@ impl RawProducer {
 
 impl Env {
     async fn create_run(&self) -> String {
-        let r = self
-            .http
-            .post(format!("{}/v1/runs", self.base))
-            .bearer_auth(&self.key)
-            .send()
-            .await
-            .expect("create run");
-        assert_eq!(r.status(), reqwest::StatusCode::CREATED, "create run");
-        let v: Value = r.json().await.expect("run json");
-        v["run_id"].as_str().expect("run_id").to_owned()
+        support::create_run(&self.http, &self.base, &self.key).await
     }
 
     /// Runs every raw producer until `SLICE` is over; producers come back for the next.

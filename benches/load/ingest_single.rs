@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use agent_stream::auth::Scope;
 use agent_stream::storage::{db, tenants};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::support;
 
@@ -87,16 +87,7 @@ async fn service_appends(url: &str, schema: &str, lanes: usize) -> Service {
     let http = reqwest::Client::builder().pool_max_idle_per_host(PRODUCERS).build().expect("client");
     let mut runs = vec![];
     for _ in 0..PRODUCERS {
-        let v: Value = http
-            .post(format!("{base}/v1/runs"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .expect("create run")
-            .json()
-            .await
-            .expect("run json");
-        runs.push(v["run_id"].as_str().expect("run_id").to_owned());
+        runs.push(support::create_run(&http, &base, &key).await);
     }
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let metrics = || async {

@@ -44,6 +44,14 @@ pub async fn serve(url: &str, schema: &str, extra: &[&str]) -> Server {
     Server { child, pid, base }
 }
 
+/// Creates a run over HTTP (`POST /v1/runs`), checks the 201 and returns its id.
+pub async fn create_run(http: &reqwest::Client, base: &str, key: &str) -> String {
+    let r = http.post(format!("{base}/v1/runs")).bearer_auth(key).send().await.expect("create run");
+    assert_eq!(r.status(), reqwest::StatusCode::CREATED, "create run");
+    let v: serde_json::Value = r.json().await.expect("run json");
+    v["run_id"].as_str().expect("run_id").to_owned()
+}
+
 /// A `kB` field of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`), in KiB.
 pub fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

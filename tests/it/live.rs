@@ -102,6 +102,17 @@ async fn running_run(t: &TestApp) -> String {
     run
 }
 
+/// `n` `detail=full` streams of a run whose only event is seq 1, each past it.
+async fn caught_up_readers(t: &TestApp, run: &str, n: usize) -> Vec<SseReader> {
+    let mut readers = vec![];
+    for _ in 0..n {
+        let mut sse = SseReader::new(open(t, &t.base, run, None, "").await);
+        assert_eq!(sse.next().await.and_then(|f| f.id), Some(1), "caught up");
+        readers.push(sse);
+    }
+    readers
+}
+
 fn delta(text: &str) -> Value {
     json!({"type": "text.delta", "payload": {"text": text}})
 }
@@ -248,12 +259,7 @@ async fn subscribers_of_one_run_share_reads() {
     const APPENDS: i64 = 10;
     let t = TestApp::new().await;
     let run = running_run(&t).await;
-    let mut readers = vec![];
-    for _ in 0..SUBSCRIBERS {
-        let mut sse = SseReader::new(open(&t, &t.base, &run, None, "").await);
-        assert_eq!(sse.next().await.and_then(|f| f.id), Some(1), "caught up");
-        readers.push(sse);
-    }
+    let mut readers = caught_up_readers(&t, &run, SUBSCRIBERS).await;
     let before = t.app.live.feeds.reads();
     for i in 0..APPENDS {
         t.append_ok(&t.key_a, &run, json!([delta(&i.to_string())])).await;
@@ -278,12 +284,7 @@ async fn an_unannounced_write_arrives_by_the_safety_poll_and_idle_subscribers_do
     const SUBSCRIBERS: usize = 20;
     let t = TestApp::new().await;
     let run = running_run(&t).await;
-    let mut readers = vec![];
-    for _ in 0..SUBSCRIBERS {
-        let mut sse = SseReader::new(open(&t, &t.base, &run, None, "").await);
-        assert_eq!(sse.next().await.and_then(|f| f.id), Some(1), "caught up");
-        readers.push(sse);
-    }
+    let mut readers = caught_up_readers(&t, &run, SUBSCRIBERS).await;
     let before = t.app.live.feeds.reads();
     // Longer than any per-subscriber re-read interval would be; real time, because the
     // database and the server run on it.

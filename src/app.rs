@@ -176,14 +176,18 @@ impl App {
     pub async fn append(&self, who: &Principal, run_id: &str, batch: &Batch) -> Result<AppendOutcome> {
         who.require(Scope::Write)?;
         self.admit(who)?;
-        let out = match &self.group {
+        // Sharing a commit pays off for small appends, whose commit is most of their
+        // cost. A large batch already amortizes its commit; in a lane it would wait
+        // behind other runs' appends and be copied into the queue.
+        let lane = self.group.as_ref().filter(|_| batch.events.len() < storage::group::OWN_COMMIT_FROM);
+        let out = match lane {
             Some(g) => g.append(&who.tenant_id, run_id, batch).await,
             None => {
                 storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer).await
             }
         };
         // Group-commit lanes count their own transactions.
-        self.count(out.as_ref().ok(), self.group.is_none());
+        self.count(out.as_ref().ok(), lane.is_none());
         let out = out?;
         self.committed(who, run_id, &out);
         Ok(out)

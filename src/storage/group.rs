@@ -30,6 +30,9 @@ use crate::metrics::Metrics;
 /// Most appends one transaction carries.
 pub const MAX_GROUP: usize = 256;
 
+/// Appends of this many events or more commit on their own, outside the lanes.
+pub const OWN_COMMIT_FROM: usize = 100;
+
 struct Job {
     tenant: String,
     run_id: String,

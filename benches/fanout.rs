@@ -54,8 +54,7 @@ async fn insert_rate(
     side_notifier: bool,
 ) -> f64 {
     use std::sync::atomic::{AtomicU64, Ordering};
-    let (listener, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
-    tokio::spawn(conn);
+    let listener = support::connect(url).await;
     listener.batch_execute("LISTEN bench_effect").await.expect("listen");
     let deadline = Instant::now() + Duration::from_secs(secs);
     let rows = Arc::new(AtomicU64::new(0));
@@ -70,8 +69,7 @@ async fn insert_rate(
     for _ in 0..clients {
         let (url, sql, rows) = (url.to_owned(), sql.clone(), rows.clone());
         tasks.push(tokio::spawn(async move {
-            let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
-            tokio::spawn(conn);
+            let c = support::connect(&url).await;
             while Instant::now() < deadline {
                 c.batch_execute(&sql).await.expect("insert");
                 rows.fetch_add(1, Ordering::Relaxed);
@@ -81,8 +79,7 @@ async fn insert_rate(
     if side_notifier {
         let url = url.to_owned();
         tasks.push(tokio::spawn(async move {
-            let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
-            tokio::spawn(conn);
+            let c = support::connect(&url).await;
             while Instant::now() < deadline {
                 c.batch_execute("SELECT pg_notify('bench_effect', 'coalesced')").await.expect("notify");
                 tokio::time::sleep(Duration::from_millis(3)).await;
@@ -96,8 +93,7 @@ async fn insert_rate(
 }
 
 async fn notify_effect(url: &str, schema: &str) {
-    let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
-    tokio::spawn(conn);
+    let c = support::connect(url).await;
     let table = format!("\"{schema}\".notify_effect");
     c.batch_execute(&format!("CREATE TABLE {table} (id bigserial PRIMARY KEY, v text)"))
         .await

@@ -154,8 +154,7 @@ struct Env {
 
 impl RawProducer {
     async fn connect(env: &Env, run: String, tag: u128) -> RawProducer {
-        let (client, conn) = tokio_postgres::connect(&env.url, tokio_postgres::NoTls).await.expect("connect");
-        tokio::spawn(conn);
+        let client = support::connect(&env.url).await;
         let insert = client
             .prepare(&format!(
                 "INSERT INTO \"{}\".raw_insert ({COLUMNS})

@@ -20,8 +20,7 @@ const SECS: u64 = 5;
 const PRODUCERS: usize = 64;
 
 async fn raw_inserts(url: &str, schema: &str, clients: usize) -> f64 {
-    let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
-    tokio::spawn(conn);
+    let c = support::connect(url).await;
     let table = format!("\"{schema}\".raw_{clients}");
     c.batch_execute(&format!("CREATE TABLE {table} (LIKE \"{schema}\".agent_run_events INCLUDING ALL)"))
         .await
@@ -32,8 +31,7 @@ async fn raw_inserts(url: &str, schema: &str, clients: usize) -> f64 {
     for k in 0..clients {
         let (url, table, rows) = (url.to_owned(), table.clone(), rows.clone());
         tasks.push(tokio::spawn(async move {
-            let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
-            tokio::spawn(conn);
+            let c = support::connect(&url).await;
             let stmt = c
                 .prepare(&format!(
                     "INSERT INTO {table} (tenant_id, run_id, seq, id, ts, type, payload) VALUES ('t', $1, $2, $3, now(), 'text.delta', $4)"

@@ -44,6 +44,13 @@ pub async fn serve(url: &str, schema: &str, extra: &[&str]) -> Server {
     Server { child, pid, base }
 }
 
+/// A connection to `url` whose driver runs on its own task.
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    client
+}
+
 /// Creates a run over HTTP (`POST /v1/runs`), checks the 201 and returns its id.
 pub async fn create_run(http: &reqwest::Client, base: &str, key: &str) -> String {
     let r = http.post(format!("{base}/v1/runs")).bearer_auth(key).send().await.expect("create run");
@@ -212,8 +219,7 @@ pub async fn bare_notify(url: &str, n: usize, spacing: Duration) -> Vec<f64> {
         }
     });
     listener.batch_execute("LISTEN bench_fanout").await.expect("listen");
-    let (sender, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
-    tokio::spawn(conn);
+    let sender = connect(url).await;
     let mut lat = vec![];
     for _ in 0..n {
         let sent = micros_since(base);

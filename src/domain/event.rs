@@ -434,35 +434,54 @@ impl EventBody {
 
     /// The payload as JSON, in its canonical form (absent optionals omitted).
     pub fn payload(&self) -> Value {
-        use EventBody::*;
-        let v = match self {
-            Lifecycle(p) => serde_json::to_value(p),
-            MessageStart(p) => serde_json::to_value(p),
-            MessageEnd(p) => serde_json::to_value(p),
-            TextDelta(p) | ReasoningDelta(p) => serde_json::to_value(p),
-            ToolStart(p) => serde_json::to_value(p),
-            ToolProgress(p) => serde_json::to_value(p),
-            ToolEnd(p) => serde_json::to_value(p),
-            StepBoundary(p) => serde_json::to_value(p),
-            ChildSpawn(p) => serde_json::to_value(p),
-            PlanProposal(p) => serde_json::to_value(p),
-            PlanDecision(p) => serde_json::to_value(p),
-            CompactionStart(p) => serde_json::to_value(p),
-            CompactionEnd(p) => serde_json::to_value(p),
-            Custom { payload, .. } => return payload.clone(),
-        };
-        // Serialising plain structs of strings, numbers and Values cannot fail; a
-        // failure would be a bug in this file, so surface it loudly in debug builds.
-        v.unwrap_or_else(|e| {
-            debug_assert!(false, "payload serialisation failed: {e}");
-            Value::Null
-        })
+        if let EventBody::Custom { payload, .. } = self {
+            return payload.clone();
+        }
+        serde_json::to_value(PayloadRef(self)).unwrap_or_else(|e| serialisation_bug(e, Value::Null))
+    }
+
+    /// [`EventBody::payload`] as JSON text, written straight from the typed payload (the
+    /// append path stores this; building a `Value` first would be a second conversion).
+    pub fn payload_text(&self) -> String {
+        serde_json::to_string(&PayloadRef(self)).unwrap_or_else(|e| serialisation_bug(e, "null".to_owned()))
     }
 
     /// True for the control-plane events that SSE never batches or drops.
     pub fn is_control(&self) -> bool {
         !matches!(self, EventBody::TextDelta(_) | EventBody::ReasoningDelta(_) | EventBody::Custom { .. })
     }
+}
+
+/// Serialises a body's payload (one match for both [`EventBody::payload`] forms).
+struct PayloadRef<'a>(&'a EventBody);
+
+impl Serialize for PayloadRef<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use EventBody::*;
+        match self.0 {
+            Lifecycle(p) => p.serialize(s),
+            MessageStart(p) => p.serialize(s),
+            MessageEnd(p) => p.serialize(s),
+            TextDelta(p) | ReasoningDelta(p) => p.serialize(s),
+            ToolStart(p) => p.serialize(s),
+            ToolProgress(p) => p.serialize(s),
+            ToolEnd(p) => p.serialize(s),
+            StepBoundary(p) => p.serialize(s),
+            ChildSpawn(p) => p.serialize(s),
+            PlanProposal(p) => p.serialize(s),
+            PlanDecision(p) => p.serialize(s),
+            CompactionStart(p) => p.serialize(s),
+            CompactionEnd(p) => p.serialize(s),
+            Custom { payload, .. } => payload.serialize(s),
+        }
+    }
+}
+
+/// Serialising plain structs of strings, numbers and Values cannot fail; a failure would
+/// be a bug in this file, so surface it loudly in debug builds.
+fn serialisation_bug<T>(e: serde_json::Error, fallback: T) -> T {
+    debug_assert!(false, "payload serialisation failed: {e}");
+    fallback
 }
 
 /// A stored event: the envelope the service assigns plus the producer's body.
@@ -527,5 +546,22 @@ impl<'de> Deserialize<'de> for Event {
             seq: w.seq,
             body,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The text the append path stores is the same JSON as the payload every reader
+    /// gets, for every kind of event.
+    #[test]
+    fn payload_text_is_the_payload() {
+        let events = crate::testkit::stored(&crate::testkit::generated_run_mix(7, 3000, 0));
+        let mut kinds = std::collections::BTreeSet::new();
+        for e in &events {
+            let parsed: serde_json::Value = serde_json::from_str(&e.body.payload_text()).expect("json");
+            assert_eq!(parsed, e.body.payload(), "{}", e.body.type_name());
+            kinds.insert(e.body.type_name().into_owned());
+        }
+        assert!(kinds.len() >= 10, "the generated run covers most kinds: {kinds:?}");
     }
 }

@@ -174,7 +174,7 @@ where
     for e in events.iter() {
         types.push(e.body.type_name().into_owned());
         children.push(e.child_id.as_deref());
-        payloads.push(e.body.payload().to_string());
+        payloads.push(e.body.payload_text());
         keys.push(e.key.as_deref());
     }
     // Payloads go as text and are cast per row: a `jsonb[]` parameter is parsed whole

@@ -285,7 +285,7 @@ async fn build(
             r_id.push(ids[i].to_string());
             r_type.push(e.body.type_name().into_owned());
             r_child.push(e.child_id.clone());
-            r_payload.push(e.body.payload().to_string());
+            r_payload.push(e.body.payload_text());
             r_key.push(e.key.clone());
         }
         r_mid.extend(mids);

@@ -164,12 +164,13 @@ impl Out {
         }
     }
 
-    /// The body as it goes on the wire.
-    pub fn to_text(&self) -> String {
+    /// The body as it goes on the wire; a shared rendering is borrowed, not copied.
+    pub fn to_text(&self) -> std::borrow::Cow<'_, str> {
         match &self.data {
-            Data::Json(v) => v.to_string(),
-            Data::Text(t) => (*t).to_owned(),
-            Data::Wire(b) => String::from_utf8_lossy(b).into_owned(),
+            Data::Json(v) => v.to_string().into(),
+            Data::Text(t) => (*t).into(),
+            // serde_json output: UTF-8 by construction, so this borrows.
+            Data::Wire(b) => String::from_utf8_lossy(b),
         }
     }
 }

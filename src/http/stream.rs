@@ -28,7 +28,7 @@ use serde::Deserialize;
 use super::extract::{Caller, Params};
 use crate::app::AppRef;
 use crate::app::Shedding;
-use crate::dialect::{Class, Data, Encoding, Format, Out};
+use crate::dialect::{Class, Encoding, Format, Out};
 use crate::error::{Error, ErrorCode, Result};
 use crate::live::shape::{Aggregator, WINDOW};
 use crate::live::{Batch, Tail};
@@ -248,12 +248,7 @@ fn frames<S: Source + Send + 'static>(
             if o.terminal && (s.dropped > 0 || s.enc.format() == Format::Native) {
                 s.enc.annotate_dropped(&mut o, s.dropped);
             }
-            let mut sse = SseEvent::default().id(o.seq.to_string());
-            sse = match &o.data {
-                // Shared renderings are serde_json output: UTF-8 by construction.
-                Data::Wire(b) => sse.data(std::str::from_utf8(b).unwrap_or_default()),
-                _ => sse.data(o.to_text()),
-            };
+            let mut sse = SseEvent::default().id(o.seq.to_string()).data(o.to_text());
             if let Some(name) = &o.event {
                 sse = sse.event(name);
             }
@@ -273,7 +268,7 @@ mod tests {
     //! Seed 004 T4 on tokio's paused clock: the windows are exact, not subject to load.
 
     use super::*;
-    use crate::dialect::RunCtx;
+    use crate::dialect::{Data, RunCtx};
     use crate::domain::Event;
     use crate::projection::RunView;
     use crate::testkit::stored;

@@ -26,6 +26,10 @@ use agent_stream::domain::{Batch, Framing, Origin};
 use agent_stream::storage::{db, migrate, tenants, Db, DbConfig};
 use serde_json::json;
 
+/// The service's allocator (see `agent_stream::Allocator`).
+#[global_allocator]
+static GLOBAL: agent_stream::Allocator = agent_stream::Allocator;
+
 const EVENTS: usize = 300;
 const SPACING: Duration = Duration::from_millis(5);
 

@@ -11,7 +11,7 @@
 //! `cargo bench --bench load -- fold` times the same fold without criterion, as one
 //! table of the load tool.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
@@ -21,24 +21,26 @@ use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criteri
 #[path = "support/mod.rs"]
 mod support;
 
-/// Counts live heap bytes.
+/// Counts live heap bytes, allocating with the service's allocator.
 struct Counting;
+
+use agent_stream::Allocator as Inner;
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
 
-// SAFETY: every call is forwarded unchanged to the system allocator; we only count.
+// SAFETY: every call is forwarded unchanged to the service's allocator; we only count.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        unsafe { System.alloc(l) }
+        unsafe { Inner.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        unsafe { System.dealloc(p, l) }
+        unsafe { Inner.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
         LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
-        unsafe { System.realloc(p, l, new) }
+        unsafe { Inner.realloc(p, l, new) }
     }
 }
 

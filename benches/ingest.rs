@@ -56,6 +56,10 @@ const COLUMNS: &str = "tenant_id, run_id, seq, id, ts, type, child_id, payload, 
 
 use agent_stream::testkit::prose as text;
 
+/// The service's allocator (see `agent_stream::alloc`).
+#[global_allocator]
+static GLOBAL: agent_stream::Allocator = agent_stream::Allocator;
+
 /// The texts of one batch: each event `{"type":"text.delta","payload":{"text":...}}` is
 /// exactly `EVENT_BYTES` long.
 fn texts() -> Vec<String> {

@@ -30,6 +30,10 @@ const RUN_EVENTS: usize = 1_000_000;
 
 use agent_stream::testkit::prose as text;
 
+/// The service's allocator (see `agent_stream::alloc`).
+#[global_allocator]
+static GLOBAL: agent_stream::Allocator = agent_stream::Allocator;
+
 /// A JSON array of `BATCH` `text.delta` events of `EVENT_BYTES` bytes each.
 fn delta_batch() -> Vec<u8> {
     let overhead = r#"{"type":"text.delta","payload":{"text":""}}"#.len();

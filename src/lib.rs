@@ -22,6 +22,7 @@
 //! run's [`domain::RunGuard`], inserts the rows and commits. Nothing is stored unless
 //! every event passed.
 
+pub mod alloc;
 pub mod app;
 pub mod auth;
 pub mod dialect;
@@ -40,3 +41,5 @@ pub mod storage;
 pub mod testkit;
 
 pub use error::{Error, ErrorCode, Result};
+
+pub use alloc::Allocator;

@@ -10,6 +10,13 @@ use agent_stream::server::{self, Database, DbChoice, ServeOptions};
 use agent_stream::storage::tenants;
 use clap::{Args, Parser, Subcommand};
 
+/// The service's allocator (see `agent_stream::alloc`); `TUNE` sets its options at load.
+#[global_allocator]
+static GLOBAL: agent_stream::Allocator = agent_stream::Allocator;
+#[cfg(target_os = "linux")]
+#[used]
+static TUNE: &extern "C" fn() = &agent_stream::alloc::TUNE;
+
 #[derive(Parser)]
 #[command(
     name = "agent-stream",

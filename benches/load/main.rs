@@ -19,6 +19,10 @@ mod ingest_single;
 
 use agent_stream::storage::{db, migrate};
 
+/// The service's allocator (see `agent_stream::Allocator`).
+#[global_allocator]
+static GLOBAL: agent_stream::Allocator = agent_stream::Allocator;
+
 const SCENARIOS: &[&str] = &["ingest", "ingest-single", "fanout", "export", "fold"];
 
 #[tokio::main]

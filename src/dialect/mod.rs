@@ -110,7 +110,47 @@ pub enum Data {
     /// A JSON document already rendered, shared by every subscriber of a page (the
     /// native envelope of a stored event); [`Out::materialize`] turns it into `Json`
     /// when an item must change (merging, `dropped_count`).
-    Wire(bytes::Bytes),
+    Wire(Wire),
+}
+
+/// A page's rendering of one event, shared by every subscriber of the page: the JSON,
+/// and room for the transport's framing of it (the whole SSE frame), also built once.
+///
+/// An item whose data is `Wire` is exactly as the page rendered it, since any change
+/// materializes it first; so its frame is the same for every subscriber.
+#[derive(Debug, Clone)]
+pub struct Wire {
+    json: bytes::Bytes,
+    framed: std::sync::Arc<std::sync::OnceLock<bytes::Bytes>>,
+}
+
+impl Wire {
+    /// A rendering of `json`.
+    pub fn new(json: Vec<u8>) -> Wire {
+        Wire { json: json.into(), framed: Default::default() }
+    }
+
+    /// The JSON document.
+    pub fn json(&self) -> &[u8] {
+        &self.json
+    }
+
+    /// The item as framed by the transport: `frame` runs for the first subscriber that
+    /// asks, the others share its bytes.
+    pub fn framed(&self, frame: impl FnOnce() -> bytes::Bytes) -> bytes::Bytes {
+        self.framed.get_or_init(frame).clone()
+    }
+
+    /// True when both are the same rendering (not a copy of it).
+    pub fn same(&self, o: &Wire) -> bool {
+        self.json.as_ptr() == o.json.as_ptr() && std::sync::Arc::ptr_eq(&self.framed, &o.framed)
+    }
+}
+
+impl PartialEq for Wire {
+    fn eq(&self, o: &Wire) -> bool {
+        self.json == o.json
+    }
 }
 
 /// One encoded item: an SSE frame's `data` or a JSONL line.
@@ -121,7 +161,7 @@ pub struct Out {
     /// First seq it covers (differs from `seq` once deltas were merged).
     pub first_seq: i64,
     /// SSE `event:` name, for dialects that use one.
-    pub event: Option<String>,
+    pub event: Option<std::borrow::Cow<'static, str>>,
     /// The body.
     pub data: Data,
     /// Control, text or reasoning.
@@ -158,9 +198,9 @@ impl Out {
 
     /// Parses a shared rendering into a JSON document the item owns.
     pub fn materialize(&mut self) {
-        if let Data::Wire(b) = &self.data {
+        if let Data::Wire(w) = &self.data {
             // Rendered by serde_json from a stored event: it parses.
-            self.data = Data::Json(serde_json::from_slice(b).unwrap_or_default());
+            self.data = Data::Json(serde_json::from_slice(w.json()).unwrap_or_default());
         }
     }
 
@@ -170,7 +210,7 @@ impl Out {
             Data::Json(v) => v.to_string().into(),
             Data::Text(t) => (*t).into(),
             // serde_json output: UTF-8 by construction, so this borrows.
-            Data::Wire(b) => String::from_utf8_lossy(b),
+            Data::Wire(w) => String::from_utf8_lossy(w.json()),
         }
     }
 }
@@ -195,7 +235,7 @@ pub struct Step<'a> {
     /// The run.
     pub run: &'a RunCtx,
     /// Where the event's native rendering is kept for everyone reading the same page.
-    pub wire: Option<&'a std::sync::OnceLock<bytes::Bytes>>,
+    pub wire: Option<&'a std::sync::OnceLock<Wire>>,
 }
 
 /// One dialect's renderer.
@@ -286,7 +326,7 @@ impl Encoding {
 
     /// [`Encoding::push`] for an event of a shared page: an encoder that renders the
     /// event the same way for every subscriber keeps the rendering in `wire`, once.
-    pub fn push_shared(&mut self, e: &Event, wire: Option<&std::sync::OnceLock<bytes::Bytes>>) -> Vec<Out> {
+    pub fn push_shared(&mut self, e: &Event, wire: Option<&std::sync::OnceLock<Wire>>) -> Vec<Out> {
         let change = match self.view.as_mut() {
             Some(v) => v.apply(e),
             None => Change::Nothing,

@@ -22,12 +22,12 @@ impl Encoder for Native {
         };
         let data = match step.wire {
             // The envelope does not depend on the subscriber: render it once per page.
-            Some(w) => {
-                super::Data::Wire(w.get_or_init(|| serde_json::to_vec(e).unwrap_or_default().into()).clone())
-            }
+            Some(w) => super::Data::Wire(
+                w.get_or_init(|| super::Wire::new(serde_json::to_vec(e).unwrap_or_default())).clone(),
+            ),
             None => super::Data::Json(serde_json::to_value(e).unwrap_or_default()),
         };
-        let event = Some(e.body.type_name().into_owned());
+        let event = Some(e.body.type_name());
         out.push(Out { seq: e.seq, first_seq: e.seq, event, data, class, terminal: false });
     }
 

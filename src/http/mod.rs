@@ -7,6 +7,7 @@ mod jsonl;
 mod keys;
 mod replay;
 mod runs;
+mod sse;
 mod stream;
 
 use std::time::Duration;

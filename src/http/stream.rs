@@ -15,14 +15,10 @@
 //! the terminal event's payload says how many in `dropped_count`. The seq gaps show
 //! where; the dropped text is still in the `message.end` and the run's view.
 
-use std::convert::Infallible;
-use std::time::Duration;
-
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use serde::Deserialize;
 
 use super::extract::{Caller, Params};
@@ -32,11 +28,6 @@ use crate::dialect::{Class, Encoding, Format, Out};
 use crate::error::{Error, ErrorCode, Result};
 use crate::live::shape::{Aggregator, WINDOW};
 use crate::live::{Batch, Tail};
-
-/// Keep-alive comment interval (seed 004 §5.1).
-const KEEPALIVE: Duration = Duration::from_secs(15);
-/// Reconnect delay suggested to clients.
-const RETRY: Duration = Duration::from_secs(2);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -98,9 +89,7 @@ pub(crate) async fn stream(
 
 /// The SSE response for a stream, with the dialect's headers.
 pub(super) fn sse_response<S: Source + Send + 'static>(state: Sending<S>, format: Format) -> Response {
-    let mut r = Sse::new(frames(state))
-        .keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"))
-        .into_response();
+    let mut r = super::sse::response(chunks(state));
     for (k, v) in format.sse_headers() {
         r.headers_mut().insert(*k, axum::http::HeaderValue::from_static(v));
     }
@@ -142,7 +131,6 @@ pub(super) struct Sending<S> {
     window_end: Option<tokio::time::Instant>,
     /// `detail=full`: every item as it is, no merging.
     raw: bool,
-    first: bool,
     ended: bool,
     shedding: Shedding,
     /// Deltas dropped because the client fell behind (reported in the terminal item).
@@ -159,7 +147,6 @@ impl<S: Source> Sending<S> {
             opening,
             window_end: None,
             raw,
-            first: true,
             ended: false,
             shedding,
             dropped: 0,
@@ -238,29 +225,22 @@ fn shed(items: &mut Vec<Out>, behind: i64, s: Shedding) -> u64 {
     (before - items.len()) as u64
 }
 
-fn frames<S: Source + Send + 'static>(
-    state: Sending<S>,
-) -> impl Stream<Item = std::result::Result<SseEvent, Infallible>> {
-    futures::stream::unfold(state, |mut s| async move {
-        let items = s.next().await?;
-        let mut out = Vec::with_capacity(items.len());
-        for mut o in items {
-            if o.terminal && (s.dropped > 0 || s.enc.format() == Format::Native) {
-                s.enc.annotate_dropped(&mut o, s.dropped);
+/// The stream's body: each batch of items as SSE frames, in chunks.
+fn chunks<S: Source + Send + 'static>(state: Sending<S>) -> impl Stream<Item = bytes::Bytes> {
+    let ready = std::collections::VecDeque::new();
+    futures::stream::unfold((state, ready), |(mut s, mut ready)| async move {
+        while ready.is_empty() {
+            let mut items = s.next().await?;
+            for o in items.iter_mut().filter(|o| o.terminal) {
+                if s.dropped > 0 || s.enc.format() == Format::Native {
+                    s.enc.annotate_dropped(o, s.dropped);
+                }
             }
-            let mut sse = SseEvent::default().id(o.seq.to_string()).data(o.to_text());
-            if let Some(name) = &o.event {
-                sse = sse.event(name);
-            }
-            if s.first {
-                sse = sse.retry(RETRY);
-                s.first = false;
-            }
-            out.push(Ok(sse));
+            super::sse::chunks(&items, &mut ready);
         }
-        Some((futures::stream::iter(out), s))
+        let c = ready.pop_front()?;
+        Some((c, (s, ready)))
     })
-    .flatten()
 }
 
 #[cfg(test)]
@@ -273,6 +253,7 @@ mod tests {
     use crate::projection::RunView;
     use crate::testkit::stored;
     use serde_json::json;
+    use std::time::Duration;
     use tokio::sync::mpsc;
 
     struct Channel(mpsc::Receiver<Vec<Event>>);
@@ -358,8 +339,8 @@ mod tests {
         assert_eq!(a.len(), 2);
         for ((x, y), p) in a.iter().zip(&b).zip(&plain) {
             let (Data::Wire(x), Data::Wire(y)) = (&x.data, &y.data) else { panic!("not shared: {x:?}") };
-            assert_eq!(x.as_ptr(), y.as_ptr(), "rendered once, shared");
-            let parsed: serde_json::Value = serde_json::from_slice(x).expect("json");
+            assert!(x.same(y), "rendered once, shared");
+            let parsed: serde_json::Value = serde_json::from_slice(x.json()).expect("json");
             assert_eq!(Some(&parsed), p.json(), "same JSON as the unshared path");
         }
     }

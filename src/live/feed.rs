@@ -13,14 +13,12 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use bytes::Bytes;
-
 use tokio::sync::broadcast;
 
 use super::Hub;
+use crate::dialect::Wire;
 use crate::domain::Event;
-use crate::storage::db::tenant_tx;
-use crate::storage::events::{read_after, Filter};
+use crate::storage::events::read_after_alone;
 use crate::storage::Db;
 
 /// A page of consecutive events, shared by all subscribers of a run.
@@ -31,7 +29,7 @@ pub type Page = Arc<PageData>;
 /// per subscriber takes the encoding out of the per-subscriber cost.
 pub struct PageData {
     events: Vec<Event>,
-    wire: Vec<OnceLock<Bytes>>,
+    wire: Vec<OnceLock<Wire>>,
 }
 
 impl PageData {
@@ -75,7 +73,7 @@ impl Batch {
     }
 
     /// Each event with its shared native rendering (see [`crate::dialect::Encoding::push_shared`]).
-    pub fn iter(&self) -> impl Iterator<Item = (&Event, &OnceLock<Bytes>)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&Event, &OnceLock<Wire>)> {
         self.events().iter().zip(&self.page.wire[self.range.clone()])
     }
 }
@@ -149,11 +147,8 @@ async fn run_feed(
         // Read everything committed after the cursor, in pages.
         loop {
             let page = async {
-                let mut client = db.pool.get().await?;
-                let t = tenant_tx(&mut client, tenant).await?;
-                let evs = read_after(&t, tenant, run_id, cursor, FEED_PAGE, &Filter::default()).await?;
-                t.commit().await?;
-                Ok::<_, crate::error::Error>(evs)
+                let client = db.pool.get().await?;
+                read_after_alone(&client, tenant, run_id, cursor, FEED_PAGE).await
             }
             .await;
             feeds.count_read();

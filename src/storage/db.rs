@@ -90,12 +90,15 @@ impl Db {
     }
 }
 
+/// Scopes the current transaction to the tenant given as `$1`.
+pub(crate) const SET_TENANT: &str = "SELECT set_config('agent_stream.tenant_id', $1, true)";
+
 /// Starts a transaction scoped to `tenant`: every RLS policy now sees this tenant only.
 pub async fn tenant_tx<'a>(client: &'a mut ClientWrapper, tenant: &str) -> Result<Transaction<'a>> {
     let tx = client.transaction().await?;
     // Prepared once per connection: an unprepared statement costs a round trip of its
     // own to parse, and every transaction of the service starts here.
-    let set = tx.prepare_cached("SELECT set_config('agent_stream.tenant_id', $1, true)").await?;
+    let set = tx.prepare_cached(SET_TENANT).await?;
     tx.execute(&set, &[&tenant]).await?;
     Ok(tx)
 }

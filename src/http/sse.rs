@@ -1,0 +1,249 @@
+//! Server-Sent Events on the wire: frames, the reconnect hint and keep-alive comments.
+//!
+//! Written by hand rather than with axum's `Sse` because a live page fans out to every
+//! subscriber of a run: an unchanged item's frame is built once per page and shared
+//! ([`Wire::framed`]), each page goes out as one body chunk, and the keep-alive timer
+//! is re-armed once per interval rather than after every frame.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue};
+use axum::response::Response;
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::Stream;
+use tokio::time::{Instant, Sleep};
+
+use crate::dialect::{Data, Out};
+
+/// Keep-alive comment interval (seed 004 §5.1).
+pub(crate) const KEEPALIVE: Duration = Duration::from_secs(15);
+/// Reconnect delay suggested to clients.
+const RETRY: Duration = Duration::from_secs(2);
+const KEEPALIVE_COMMENT: &[u8] = b":keepalive\n\n";
+
+/// Appends one SSE frame: `id:`, `event:` when named, one `data:` line per line of data.
+pub(crate) fn write_frame(buf: &mut BytesMut, id: i64, event: Option<&str>, data: &str) {
+    buf.put_slice(b"id: ");
+    buf.put_slice(itoa::Buffer::new().format(id).as_bytes());
+    buf.put_u8(b'\n');
+    if let Some(name) = event {
+        buf.put_slice(b"event: ");
+        buf.put_slice(name.as_bytes());
+        buf.put_u8(b'\n');
+    }
+    for line in data.split('\n') {
+        buf.put_slice(b"data: ");
+        buf.put_slice(line.as_bytes());
+        buf.put_u8(b'\n');
+    }
+    buf.put_u8(b'\n');
+}
+
+/// The frame of one item.
+fn frame(o: &Out) -> Bytes {
+    let text = o.to_text();
+    let mut buf = BytesMut::with_capacity(text.len() + 48);
+    write_frame(&mut buf, o.seq, o.event.as_deref(), &text);
+    buf.freeze()
+}
+
+/// Largest body chunk made by joining frames: a page of small frames goes out in a few
+/// writes, and a client that stops reading still holds little: hyper stops pulling from
+/// the stream once 16 chunks are queued, so at most about 64 KiB of frames wait in a
+/// stalled connection (the pages themselves are shared), as when each frame was a chunk.
+const CHUNK: usize = 4 * 1024;
+
+/// The body chunks for a batch of items, in order: a lone unchanged page item is its
+/// shared frame as it is (no copy); otherwise consecutive frames are joined into
+/// chunks of about [`CHUNK`] bytes.
+pub(crate) fn chunks(items: &[Out], out: &mut VecDeque<Bytes>) {
+    let framed = |o: &Out| match &o.data {
+        Data::Wire(w) => w.framed(|| frame(o)),
+        _ => frame(o),
+    };
+    if let [one] = items {
+        out.push_back(framed(one));
+        return;
+    }
+    let mut buf = BytesMut::new();
+    for o in items {
+        let f = framed(o);
+        if !buf.is_empty() && buf.len() + f.len() > CHUNK {
+            out.push_back(buf.split().freeze());
+        }
+        buf.put_slice(&f);
+    }
+    if !buf.is_empty() {
+        out.push_back(buf.freeze());
+    }
+}
+
+/// The `text/event-stream` response for a stream of body chunks (whole frames), with
+/// the reconnect hint first and a keep-alive comment after every [`KEEPALIVE`] of
+/// silence.
+pub(crate) fn response<S>(chunks: S) -> Response
+where
+    S: Stream<Item = Bytes> + Send + 'static,
+{
+    let body = KeepAlive::new(Box::pin(chunks), KEEPALIVE);
+    let mut r = Response::new(Body::from_stream(body));
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// Chunks, the first one preceded by the `retry:` hint, with keep-alive comments in
+/// the silences.
+struct KeepAlive {
+    chunks: Pin<Box<dyn Stream<Item = Bytes> + Send>>,
+    every: Duration,
+    /// Fires at the earliest moment a keep-alive could be due; checked against `last`
+    /// when it does, so sending a chunk does not touch the timer.
+    timer: Pin<Box<Sleep>>,
+    last: Instant,
+    opened: bool,
+}
+
+impl KeepAlive {
+    fn new(chunks: Pin<Box<dyn Stream<Item = Bytes> + Send>>, every: Duration) -> KeepAlive {
+        let now = Instant::now();
+        KeepAlive {
+            chunks,
+            every,
+            timer: Box::pin(tokio::time::sleep_until(now + every)),
+            last: now,
+            opened: false,
+        }
+    }
+}
+
+impl Stream for KeepAlive {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        match this.chunks.as_mut().poll_next(cx) {
+            Poll::Ready(Some(c)) => {
+                this.last = Instant::now();
+                if !this.opened {
+                    this.opened = true;
+                    // A block with no data dispatches no event; EventSource keeps the delay.
+                    let mut first = BytesMut::from(format!("retry: {}\n\n", RETRY.as_millis()).as_str());
+                    first.put_slice(&c);
+                    return Poll::Ready(Some(Ok(first.freeze())));
+                }
+                return Poll::Ready(Some(Ok(c)));
+            }
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => {}
+        }
+        loop {
+            if this.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let due = this.last + this.every;
+            let now = Instant::now();
+            if now >= due {
+                this.last = now;
+                this.timer.as_mut().reset(now + this.every);
+                return Poll::Ready(Some(Ok(Bytes::from_static(KEEPALIVE_COMMENT))));
+            }
+            // Something was sent since the timer was set: wait out the rest.
+            this.timer.as_mut().reset(due);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dialect::Wire;
+    use futures::StreamExt;
+
+    fn text(b: &Bytes) -> &str {
+        std::str::from_utf8(b).expect("utf-8")
+    }
+
+    #[test]
+    fn a_frame_has_id_event_and_one_data_line_per_line() {
+        let mut buf = BytesMut::new();
+        write_frame(&mut buf, 42, Some("text.delta"), "a\nb");
+        assert_eq!(text(&buf.freeze()), "id: 42\nevent: text.delta\ndata: a\ndata: b\n\n");
+        let mut buf = BytesMut::new();
+        write_frame(&mut buf, 7, None, "[DONE]");
+        assert_eq!(text(&buf.freeze()), "id: 7\ndata: [DONE]\n\n");
+    }
+
+    #[test]
+    fn subscribers_of_a_page_share_one_frame() {
+        let w = Wire::new(br#"{"seq":3}"#.to_vec());
+        let item = |w: &Wire| Out {
+            seq: 3,
+            first_seq: 3,
+            event: Some("tool.start".into()),
+            data: Data::Wire(w.clone()),
+            class: crate::dialect::Class::Control,
+            terminal: false,
+        };
+        let one = |items: &[Out]| {
+            let mut out = VecDeque::new();
+            chunks(items, &mut out);
+            assert_eq!(out.len(), 1, "one chunk");
+            out.pop_front().unwrap_or_default()
+        };
+        let (a, b) = (one(&[item(&w)]), one(&[item(&w)]));
+        assert_eq!(text(&a), "id: 3\nevent: tool.start\ndata: {\"seq\":3}\n\n");
+        assert_eq!(a.as_ptr(), b.as_ptr(), "built once, shared");
+        // Several small items go out as one chunk of consecutive frames.
+        let two = one(&[item(&w), Out::control(4, serde_json::json!({"seq": 4}))]);
+        assert_eq!(text(&two), "id: 3\nevent: tool.start\ndata: {\"seq\":3}\n\nid: 4\ndata: {\"seq\":4}\n\n");
+        // Bigger ones are split into chunks of at most CHUNK bytes, frames kept whole.
+        let big: Vec<Out> = (1..=10).map(|i| Out::control(i, serde_json::json!("x".repeat(1500)))).collect();
+        let mut out = VecDeque::new();
+        chunks(&big, &mut out);
+        assert!(out.len() >= 3, "{} chunks", out.len());
+        assert!(out.iter().all(|c| c.len() <= CHUNK && c.ends_with(b"\n\n")));
+        assert_eq!(out.iter().map(|c| text(c).matches("id: ").count()).sum::<usize>(), 10);
+    }
+
+    /// On tokio's paused clock: the hint first; a comment after each 15 s of silence,
+    /// none while chunks flow.
+    #[tokio::test(start_paused = true)]
+    async fn keepalive_fills_silences_only() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+        let chunks = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let mut body = KeepAlive::new(chunks, KEEPALIVE);
+        async fn next(b: &mut KeepAlive) -> Option<Bytes> {
+            b.next().await.and_then(|r| r.ok())
+        }
+        let start = Instant::now();
+        // A chunk every 10 s for a minute: never 15 s of silence, so no comment. The
+        // first carries the reconnect hint.
+        let feeder = tokio::spawn(async move {
+            for i in 0..6u8 {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                let _ = tx.send(Bytes::from(vec![b'0' + i])).await;
+            }
+            tokio::time::sleep(Duration::from_secs(100)).await;
+            drop(tx);
+        });
+        assert_eq!(next(&mut body).await.as_deref(), Some(&b"retry: 2000\n\n0"[..]));
+        for i in 1..6u8 {
+            assert_eq!(next(&mut body).await, Some(Bytes::from(vec![b'0' + i])));
+        }
+        assert_eq!(start.elapsed(), Duration::from_secs(60));
+        // Then silence: a comment 15 s after the last chunk, and every 15 s after that.
+        for k in 1..=3u64 {
+            assert_eq!(next(&mut body).await.as_deref(), Some(KEEPALIVE_COMMENT));
+            assert_eq!(start.elapsed(), Duration::from_secs(60 + 15 * k));
+        }
+        feeder.abort();
+    }
+}

@@ -139,26 +139,38 @@ impl SseReader {
         Ok(SseReader { stream, raw, body: Vec::with_capacity(16 * 1024), chunk: Chunk::Size, chunked })
     }
 
-    /// Waits for the next read and appends the ids of the frames it completed to `ids`;
-    /// false once the stream ended.
+    /// Reads until at least one frame completes (or the stream ends) and appends the
+    /// ids of the frames completed to `ids`; false once the stream ended.
     pub async fn read_ids(&mut self, ids: &mut Vec<i64>) -> std::io::Result<bool> {
         use tokio::io::AsyncReadExt;
-        let open = if self.raw.is_empty() { self.stream.read_buf(&mut self.raw).await? > 0 } else { true };
-        self.dechunk();
-        let mut start = 0;
-        while let Some(i) = self.body[start..].windows(2).position(|w| w == b"\n\n") {
-            let frame = &self.body[start..start + i];
-            if let Some(id) = frame
-                .split(|b| *b == b'\n')
-                .find_map(|l| l.strip_prefix(b"id:"))
-                .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
-            {
-                ids.push(id);
+        loop {
+            // Bytes left over (after the head, or a chunk cut by a read) go first; what
+            // they cannot complete waits for the next read.
+            self.dechunk();
+            let before = ids.len();
+            let mut start = 0;
+            while let Some(i) = self.body[start..].windows(2).position(|w| w == b"\n\n") {
+                let frame = &self.body[start..start + i];
+                if let Some(id) = frame
+                    .split(|b| *b == b'\n')
+                    .find_map(|l| l.strip_prefix(b"id:"))
+                    .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
+                {
+                    ids.push(id);
+                }
+                start += i + 2;
             }
-            start += i + 2;
+            self.body.drain(..start);
+            if matches!(self.chunk, Chunk::End) {
+                return Ok(false);
+            }
+            if ids.len() > before {
+                return Ok(true);
+            }
+            if self.stream.read_buf(&mut self.raw).await? == 0 {
+                return Ok(false);
+            }
         }
-        self.body.drain(..start);
-        Ok(open && !matches!(self.chunk, Chunk::End))
     }
 
     fn dechunk(&mut self) {

@@ -327,20 +327,27 @@ impl Encoding {
     /// [`Encoding::push`] for an event of a shared page: an encoder that renders the
     /// event the same way for every subscriber keeps the rendering in `wire`, once.
     pub fn push_shared(&mut self, e: &Event, wire: Option<&std::sync::OnceLock<Wire>>) -> Vec<Out> {
+        let mut out = vec![];
+        self.push_into(e, wire, &mut out);
+        out
+    }
+
+    /// [`Encoding::push_shared`], appending to `out` (a live stream reuses one vector
+    /// for a whole page instead of allocating one per event per subscriber).
+    pub fn push_into(&mut self, e: &Event, wire: Option<&std::sync::OnceLock<Wire>>, out: &mut Vec<Out>) {
         let change = match self.view.as_mut() {
             Some(v) => v.apply(e),
             None => Change::Nothing,
         };
-        let mut out = vec![];
+        let start = out.len();
         let view: &RunView = self.view.as_deref().unwrap_or(&NO_VIEW);
         let step = Step { event: e, view, change, run: &self.run, wire };
-        self.encoder.encode(&step, &mut out);
+        self.encoder.encode(&step, out);
         if is_run_end(e) {
-            if let Some(last) = out.iter_mut().rev().find(|o| !matches!(o.data, Data::Text(_))) {
+            if let Some(last) = out[start..].iter_mut().rev().find(|o| !matches!(o.data, Data::Text(_))) {
                 last.terminal = true;
             }
         }
-        out
     }
 
     /// See [`Encoder::merge`].

@@ -178,9 +178,9 @@ impl<S: Source> Sending<S> {
                 continue;
             };
             let behind = self.source.behind();
-            let mut items = vec![];
+            let mut items = Vec::with_capacity(batch.events().len());
             for (e, wire) in batch.iter() {
-                items.extend(self.enc.push_shared(e, Some(wire)));
+                self.enc.push_into(e, Some(wire), &mut items);
             }
             let dropped = shed(&mut items, behind, self.shedding);
             if dropped > 0 {

@@ -110,6 +110,9 @@ impl Feeds {
 
     /// Joins the run's feed, starting it if this is its first subscriber. `from` is
     /// where a new feed starts reading (the joiner's cursor; others read their gaps).
+    /// The feed ends, closing its channel, when `stopping` turns true: subscribers learn
+    /// of a shutdown from their feed, so a wake-up does not make every one of them
+    /// register with the process-wide stop signal.
     pub fn join(
         self: &Arc<Self>,
         db: &Db,
@@ -117,6 +120,7 @@ impl Feeds {
         tenant: &str,
         run_id: &str,
         from: i64,
+        stopping: tokio::sync::watch::Receiver<bool>,
     ) -> broadcast::Receiver<Page> {
         let mut feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
         let key = (tenant.to_owned(), run_id.to_owned());
@@ -126,7 +130,7 @@ impl Feeds {
         let (tx, rx) = broadcast::channel(FEED_BUFFER);
         feeds.insert(key.clone(), tx.clone());
         let wake = hub.subscribe(tenant, run_id);
-        tokio::spawn(run_feed(self.clone(), db.clone(), key, from, wake, tx));
+        tokio::spawn(run_feed(self.clone(), db.clone(), key, from, wake, stopping, tx));
         rx
     }
 }
@@ -137,6 +141,7 @@ async fn run_feed(
     key: (String, String),
     mut cursor: i64,
     mut wake: tokio::sync::watch::Receiver<i64>,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
     tx: broadcast::Sender<Page>,
 ) {
     let (tenant, run_id) = &key;
@@ -168,8 +173,16 @@ async fn run_feed(
                 }
             }
         }
-        if tokio::time::timeout(super::SAFETY_POLL * 2, wake.changed()).await.is_ok_and(|r| r.is_err()) {
+        if *stopping.borrow_and_update() {
             break;
+        }
+        tokio::select! {
+            r = tokio::time::timeout(super::SAFETY_POLL * 2, wake.changed()) => {
+                if r.is_ok_and(|r| r.is_err()) {
+                    break;
+                }
+            }
+            _ = stopping.changed() => {}
         }
     }
     let mut all = feeds.feeds.lock().unwrap_or_else(|p| p.into_inner());

@@ -76,15 +76,17 @@ impl Live {
         self.listening.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Joins a run's shared feed (see [`Feeds::join`]).
+    /// Joins a run's shared feed (see [`Feeds::join`]); the feed closes when `stopping`
+    /// turns true.
     pub fn join(
         &self,
         db: &crate::storage::Db,
         tenant: &str,
         run_id: &str,
         from: i64,
+        stopping: tokio::sync::watch::Receiver<bool>,
     ) -> tokio::sync::broadcast::Receiver<Page> {
-        self.feeds.join(db, &self.hub, tenant, run_id, from)
+        self.feeds.join(db, &self.hub, tenant, run_id, from, stopping)
     }
 
     /// An append committed: wake local subscribers now, tell other processes soon.

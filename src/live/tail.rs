@@ -56,7 +56,7 @@ impl Tail {
     /// Starts after `cursor`. Joins the run's shared feed before the first read, so a
     /// page read after this point reaches us and the catch-up covers everything before.
     pub fn new(app: AppRef, who: Principal, run_id: String, cursor: i64) -> Tail {
-        let pages = app.live.join(&app.db, &who.tenant_id, &run_id, cursor);
+        let pages = app.live.join(&app.db, &who.tenant_id, &run_id, cursor, app.stopping());
         let newest = app.live.hub.subscribe(&who.tenant_id, &run_id);
         app.metrics.subscribers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let key_checked = tokio::time::Instant::now();
@@ -166,10 +166,11 @@ impl Tail {
                     }
                 }
             }
+            // No branch for the stop signal: on shutdown the feed closes its channel
+            // (see `Feeds::join`), which ends this wait.
             let waited = tokio::select! {
                 r = self.pages.recv() => Some(r),
                 _ = self.tick.as_mut() => None,
-                _ = self.stopping.changed() => continue,
             };
             match waited {
                 Some(Ok(page)) => {
@@ -185,9 +186,17 @@ impl Tail {
                 }
                 // Fell behind the feed's buffer: read on our own, then rejoin the flow.
                 Some(Err(RecvError::Lagged(_))) => self.catching_up = true,
+                // Closed because the process is stopping: the top of the loop ends us.
+                Some(Err(RecvError::Closed)) if *self.stopping.borrow() => {}
                 Some(Err(RecvError::Closed)) => {
-                    self.pages =
-                        self.app.live.join(&self.app.db, &self.who.tenant_id, &self.run_id, self.cursor);
+                    let stopping = self.app.stopping();
+                    self.pages = self.app.live.join(
+                        &self.app.db,
+                        &self.who.tenant_id,
+                        &self.run_id,
+                        self.cursor,
+                        stopping,
+                    );
                     self.catching_up = true;
                 }
                 // The tick: the key is checked at the top of the loop. A lost wake-up

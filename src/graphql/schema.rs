@@ -94,41 +94,84 @@ impl GqlRun {
 }
 
 /// A stored event.
-#[derive(SimpleObject)]
-#[graphql(name = "Event")]
 pub struct GqlEvent {
-    /// ULID, monotonic per run.
-    id: ID,
-    /// Per-run position.
-    seq: i64,
-    /// Server time.
-    ts: DateTime<Utc>,
-    /// Event type.
-    #[graphql(name = "type")]
-    type_name: String,
-    /// The run.
-    run_id: ID,
-    /// Set for a child's events.
-    child_id: Option<String>,
-    /// Type-specific payload.
-    payload: Value,
-    /// With `runEvents(format:)` other than native: the items this event became in
-    /// that dialect, in order (possibly none); null otherwise.
+    event: EventRef,
+    /// With `runEvents(format:)` other than native: the dialect's items for the event.
     pub(super) encoded: Option<Vec<Value>>,
+}
+
+/// Where an event's data lives: its own, or in a live page shared by every subscriber of
+/// the run, so a subscription copies nothing and builds only the fields a client asks for.
+enum EventRef {
+    Owned(Event),
+    Shared(crate::live::Batch),
+}
+
+impl GqlEvent {
+    /// The event at `i` of a live batch, without copying it.
+    pub(super) fn shared(batch: &crate::live::Batch, i: usize) -> GqlEvent {
+        GqlEvent { event: EventRef::Shared(batch.clone().slice(i..i + 1)), encoded: None }
+    }
+
+    /// The event.
+    pub(super) fn event(&self) -> &Event {
+        match &self.event {
+            EventRef::Owned(e) => e,
+            // A one-event slice of a page (see `shared`).
+            EventRef::Shared(b) => &b.events()[0],
+        }
+    }
 }
 
 impl From<Event> for GqlEvent {
     fn from(e: Event) -> Self {
-        GqlEvent {
-            id: ID(e.id.to_string()),
-            seq: e.seq,
-            ts: e.ts,
-            type_name: e.body.type_name().into_owned(),
-            run_id: ID(e.run_id),
-            child_id: e.child_id,
-            payload: e.body.payload(),
-            encoded: None,
-        }
+        GqlEvent { event: EventRef::Owned(e), encoded: None }
+    }
+}
+
+/// A stored event.
+#[Object(name = "Event")]
+impl GqlEvent {
+    /// ULID, monotonic per run.
+    async fn id(&self) -> ID {
+        ID(self.event().id.to_string())
+    }
+
+    /// Per-run position.
+    async fn seq(&self) -> i64 {
+        self.event().seq
+    }
+
+    /// Server time.
+    async fn ts(&self) -> DateTime<Utc> {
+        self.event().ts
+    }
+
+    /// Event type.
+    #[graphql(name = "type")]
+    async fn type_name(&self) -> String {
+        self.event().body.type_name().into_owned()
+    }
+
+    /// The run.
+    async fn run_id(&self) -> ID {
+        ID(self.event().run_id.clone())
+    }
+
+    /// Set for a child's events.
+    async fn child_id(&self) -> Option<&str> {
+        self.event().child_id.as_deref()
+    }
+
+    /// Type-specific payload.
+    async fn payload(&self) -> Value {
+        self.event().body.payload()
+    }
+
+    /// With `runEvents(format:)` other than native: the items this event became in
+    /// that dialect, in order (possibly none); null otherwise.
+    async fn encoded(&self) -> Option<&[Value]> {
+        self.encoded.as_deref()
     }
 }
 

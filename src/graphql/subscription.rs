@@ -41,11 +41,17 @@ fn cursor(after_seq: Option<i64>) -> async_graphql::Result<i64> {
 }
 
 /// A tail's batches as a stream; ends after the run's terminal event.
-fn batches(tail: Tail) -> impl Stream<Item = Vec<crate::domain::Event>> {
-    futures::stream::unfold(
-        tail,
-        |mut t| async move { t.next_batch().await.map(|b| (b.events().to_vec(), t)) },
-    )
+fn batches(tail: Tail) -> impl Stream<Item = crate::live::Batch> {
+    futures::stream::unfold(tail, |mut t| async move { t.next_batch().await.map(|b| (b, t)) })
+}
+
+/// A tail's events as a stream, each still in the page it shares with the run's other
+/// subscribers; ends after the run's terminal event.
+fn events(tail: Tail) -> impl Stream<Item = GqlEvent> {
+    batches(tail).flat_map(|b| {
+        let events: Vec<GqlEvent> = (0..b.events().len()).map(|i| GqlEvent::shared(&b, i)).collect();
+        futures::stream::iter(events)
+    })
 }
 
 #[Subscription]
@@ -78,20 +84,17 @@ impl Subscription {
             .map(|e| e.begin().iter().filter_map(|o| o.json().cloned()).collect())
             .unwrap_or_default();
         let filter = Filter { types, child_id };
-        let events = batches(Tail::new(app, who, run.run_id, after))
-            .flat_map(futures::stream::iter)
-            .filter_map(move |e| {
-                let encoded = enc.as_mut().map(|enc| {
-                    let mut items = std::mem::take(&mut opening);
-                    items.extend(enc.push(&e).iter().filter_map(|o| o.json().cloned()));
-                    items
-                });
-                futures::future::ready(filter.keeps(&e).then(|| {
-                    let mut g = GqlEvent::from(e);
-                    g.encoded = encoded;
-                    g
-                }))
+        let events = events(Tail::new(app, who, run.run_id, after)).filter_map(move |mut g| {
+            let e = g.event();
+            let encoded = enc.as_mut().map(|enc| {
+                let mut items = std::mem::take(&mut opening);
+                items.extend(enc.push(e).iter().filter_map(|o| o.json().cloned()));
+                items
             });
+            let keep = filter.keeps(e);
+            g.encoded = encoded;
+            futures::future::ready(keep.then_some(g))
+        });
         Ok(events)
     }
 
@@ -122,7 +125,7 @@ impl Subscription {
         let live = batches(Tail::new(app, who, run.run_id, start))
             .scan(view, |view, batch| {
                 let mut out = vec![];
-                for e in &batch {
+                for e in batch.events() {
                     let change = view.apply(e);
                     out.extend(updates(view, e.seq, change));
                 }

@@ -218,8 +218,8 @@ where
 /// same type, child and payload. A batch mixing stored and new keys is refused: the
 /// producer changed a batch it is retrying, and guessing which half it meant would be
 /// worse than saying so.
-pub(crate) async fn replay_if_retry(
-    tx: &deadpool_postgres::Transaction<'_>,
+pub(crate) async fn replay_if_retry<C: deadpool_postgres::GenericClient>(
+    tx: &C,
     tenant: &str,
     run_id: &str,
     events: &[NewEvent],
@@ -270,8 +270,8 @@ pub(crate) async fn replay_if_retry(
 }
 
 /// Folds the stored log into a guard (after a restart, or when another process appended).
-pub(crate) async fn rebuild_guard(
-    tx: &deadpool_postgres::Transaction<'_>,
+pub(crate) async fn rebuild_guard<C: deadpool_postgres::GenericClient>(
+    tx: &C,
     tenant: &str,
     run_id: &str,
 ) -> Result<RunGuard> {

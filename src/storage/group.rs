@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use ulid::Ulid;
 
 use super::append::{next_ids, rebuild_guard, replay_if_retry, AppendOutcome, Guards};
-use super::db::{tenant_tx, Db};
+use super::db::Db;
 use super::runs::{parse_run_id, run_not_found};
 use crate::domain::{Batch, Origin, Resolution, RunGuard, RunState};
 use crate::error::{Error, ErrorCode, Result};
@@ -145,7 +145,15 @@ async fn commit_group(db: &Db, guards: &Guards, metrics: &Metrics, tenant: &str,
 type Answers = Vec<(oneshot::Sender<Result<AppendOutcome>>, Result<AppendOutcome>)>;
 
 /// Builds and commits the group. `Ok`: every append's answer and whether a transaction
-/// wrote. `Err`: nothing was stored; the appends that still need doing come back.
+/// wrote. `Err`: nothing was stored, or whether it was is unknown (the COMMIT failed);
+/// every append comes back to be redone alone, which answers each exactly as alone
+/// (a stored one as an idempotent retry only if it carried keys, as any retry).
+///
+/// The transaction is driven by hand rather than through `Transaction` so that its
+/// statements can be pipelined: BEGIN, the tenant setting and the row locks go out in
+/// one round trip, and the INSERT, the UPDATE and COMMIT in another. A group then waits
+/// on three round trips instead of six, and group commit is bound by how fast groups
+/// go round (BENCHMARKS.md, `load ingest-single`).
 async fn try_group(
     db: &Db,
     tenant: &str,
@@ -153,62 +161,71 @@ async fn try_group(
     slots: &mut [tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
     jobs: Vec<Job>,
 ) -> std::result::Result<(Answers, u64), (Error, Vec<Job>)> {
-    let mut client = match db.pool.get().await {
+    let client = match db.pool.get().await {
         Ok(c) => c,
         Err(e) => return Err((e.into(), jobs)),
     };
-    let tx = match tenant_tx(&mut client, tenant).await {
-        Ok(t) => t,
-        Err(e) => return Err((e, jobs)),
-    };
-    let built = build(&tx, tenant, runs, slots, &jobs).await;
-    let (results, state) = match built {
-        Ok(b) => b,
-        // Nothing is stored: the transaction is dropped uncommitted.
-        Err(e) => return Err((e, jobs)),
-    };
-    let writes = |r: &Result<AppendOutcome>| r.as_ref().is_ok_and(|o| !o.replayed);
-    let wrote = results.iter().any(writes);
-    if let Err(e) = tx.commit().await {
-        // Redo the appends that were to be written; answers that wrote nothing stand.
-        let mut redo = vec![];
-        for (job, r) in jobs.into_iter().zip(results) {
-            if writes(&r) {
-                redo.push(job);
-            } else {
-                let _ = job.reply.send(r);
-            }
+    match run_group(&client, tenant, runs, slots, &jobs).await {
+        Ok((results, wrote)) => {
+            let answers = jobs.into_iter().zip(results).map(|(j, r)| (j.reply, r)).collect();
+            Ok((answers, u64::from(wrote)))
         }
-        return Err((e.into(), redo));
-    }
-    for (i, r) in runs.iter().enumerate() {
-        if let Some(s) = state.get(r) {
-            *slots[i] = Some(s.guard.clone());
+        Err(e) => {
+            // The connection may be inside a failed or unfinished transaction: close it
+            // rather than hand it to the next user of the pool.
+            let _ = deadpool_postgres::Object::take(client);
+            Err((e, jobs))
         }
     }
-    let answers = jobs.into_iter().zip(results).map(|(j, r)| (j.reply, r)).collect();
-    Ok((answers, u64::from(wrote)))
 }
 
-/// Locks the group's runs, answers retries, validates each append on its own, and
-/// writes the accepted ones' rows; returns each append's answer, in order.
-async fn build(
-    tx: &deadpool_postgres::Transaction<'_>,
+/// One group's transaction on `c`; the runs' guard slots are updated only after COMMIT.
+async fn run_group(
+    c: &deadpool_postgres::Client,
     tenant: &str,
     runs: &[String],
-    slots: &[tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
+    slots: &mut [tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
     jobs: &[Job],
-) -> Result<(Vec<Result<AppendOutcome>>, HashMap<String, Locked>)> {
-    let lock = tx
+) -> Result<(Vec<Result<AppendOutcome>>, bool)> {
+    let set = c.prepare_cached(super::db::SET_TENANT).await?;
+    let lock = c
         .prepare_cached(
             "SELECT run_id, last_seq, last_event_id, date_trunc('milliseconds', clock_timestamp())
              FROM runs WHERE tenant_id = $1 AND run_id = ANY($2) ORDER BY run_id FOR UPDATE",
         )
         .await?;
-    let rows = tx.query(&lock, &[&tenant, &runs]).await?;
+    // tokio-postgres sends requests in the order their futures are first polled, and
+    // join polls in order: one round trip for the three.
+    let set_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&tenant];
+    let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&tenant, &runs];
+    let (begin, scoped, locked) =
+        futures::join!(c.batch_execute("BEGIN"), c.execute(&set, &set_params), c.query(&lock, &lock_params));
+    begin?;
+    scoped?;
+    let (results, state) = build(c, tenant, runs, slots, &locked?, jobs).await?;
+    let wrote = results.iter().any(|r| r.as_ref().is_ok_and(|o| !o.replayed));
+    for (i, r) in runs.iter().enumerate() {
+        if let Some(s) = state.get(r) {
+            *slots[i] = Some(s.guard.clone());
+        }
+    }
+    Ok((results, wrote))
+}
+
+/// With the group's runs locked (`rows`), answers retries, validates each append on its
+/// own, writes the accepted ones' rows and commits; returns each append's answer, in
+/// order.
+async fn build(
+    tx: &deadpool_postgres::Client,
+    tenant: &str,
+    runs: &[String],
+    slots: &[tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
+    rows: &[tokio_postgres::Row],
+    jobs: &[Job],
+) -> Result<(Vec<Result<AppendOutcome>>, HashMap<String, Locked>)> {
     let mut now: Option<DateTime<Utc>> = None;
     let mut state: HashMap<String, Locked> = HashMap::new();
-    for row in &rows {
+    for row in rows {
         let run_id: String = row.get(0);
         let last_seq: i64 = row.get(1);
         let last_id: Option<String> = row.get(2);
@@ -334,7 +351,19 @@ async fn build(
             [&tenant, &now, &r_run, &r_seq, &r_id, &r_type, &r_child, &r_payload, &r_key, &r_mid];
         let run_rows: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
             [&tenant, &now, &u_run, &u_last, &u_id, &u_state, &u_ended];
-        futures::try_join!(tx.execute(&insert, &rows), tx.execute(&update, &run_rows))?;
+        // One round trip for the three. A failed INSERT or UPDATE turns the COMMIT into
+        // a rollback, so nothing of the group is stored; their errors say so.
+        let (inserted, updated, committed) = futures::join!(
+            tx.execute(&insert, &rows),
+            tx.execute(&update, &run_rows),
+            tx.batch_execute("COMMIT")
+        );
+        inserted?;
+        updated?;
+        committed?;
+    } else {
+        // Nothing to write (retries and refusals only): end the transaction.
+        tx.batch_execute("COMMIT").await?;
     }
     Ok((results, state))
 }

@@ -14,6 +14,7 @@
 //! - [`http`] and [`graphql`] — transports: thin adapters over [`app`], each with one
 //!   mapping from [`error::Error`] to its wire format.
 //! - [`server`] — wiring: configuration, start-up (migrate, dev tenant), graceful stop.
+//! - [`alloc`] — the allocator the binary installs (mimalloc) and its settings.
 //!
 //! # Data flow of an append
 //! HTTP body or GraphQL input → [`domain::input`] parses and checks each event →

@@ -19,7 +19,7 @@ extern "C" {
 const ARENA_EAGER_COMMIT: std::ffi::c_int = 4;
 
 /// Settings for a long-running server, applied before the first allocation (see
-/// [`TUNE`]). Eager commit makes mimalloc commit its first arena up front and keep what
+/// `TUNE`). Eager commit makes mimalloc commit its first arena up front and keep what
 /// it frees resident: with 10,000 idle SSE connections that raised resident memory from
 /// about 48 to about 61 KiB per subscriber (`load fanout`), for no gain in speed.
 #[cfg(target_os = "linux")]
@@ -30,7 +30,7 @@ extern "C" fn tune() {
     unsafe { mi_option_set(ARENA_EAGER_COMMIT, 0) }
 }
 
-/// Runs [`tune`] at load time, after mimalloc's own constructor (priority 101) and
+/// Runs `tune` at load time, after mimalloc's own constructor (priority 101) and
 /// before anything allocates: the option is read when an arena is reserved, and the
 /// first arena is reserved by the first allocation, which comes before `main`.
 #[cfg(target_os = "linux")]

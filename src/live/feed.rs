@@ -153,7 +153,13 @@ async fn run_feed(
         loop {
             let page = async {
                 let client = db.pool.get().await?;
-                read_after_alone(&client, tenant, run_id, cursor, FEED_PAGE).await
+                let page = read_after_alone(&client, tenant, run_id, cursor, FEED_PAGE).await;
+                if page.is_err() {
+                    // It may have stopped inside its transaction: close the connection
+                    // rather than hand it back to the pool.
+                    let _ = deadpool_postgres::Object::take(client);
+                }
+                page
             }
             .await;
             feeds.count_read();

@@ -18,6 +18,7 @@ use tokio::sync::broadcast;
 use super::Hub;
 use crate::dialect::Wire;
 use crate::domain::Event;
+use crate::storage::db::discard;
 use crate::storage::events::read_after_alone;
 use crate::storage::Db;
 
@@ -155,9 +156,7 @@ async fn run_feed(
                 let client = db.pool.get().await?;
                 let page = read_after_alone(&client, tenant, run_id, cursor, FEED_PAGE).await;
                 if page.is_err() {
-                    // It may have stopped inside its transaction: close the connection
-                    // rather than hand it back to the pool.
-                    let _ = deadpool_postgres::Object::take(client);
+                    discard(client);
                 }
                 page
             }

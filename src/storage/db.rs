@@ -93,6 +93,35 @@ impl Db {
 /// Scopes the current transaction to the tenant given as `$1`.
 pub(crate) const SET_TENANT: &str = "SELECT set_config('agent_stream.tenant_id', $1, true)";
 
+/// Opens a transaction scoped to `tenant` on `c` and runs `first` in it, in one round
+/// trip: BEGIN, the tenant setting and `first`'s statements are sent together
+/// (tokio-postgres sends requests in the order their futures are first polled, and
+/// `join` polls in order; `first` must not have been polled). This is for transactions
+/// driven by hand so that their statements can be pipelined: the caller ends the
+/// transaction itself, and after an error closes the connection ([`discard`]).
+pub async fn begin_with<T, E>(
+    c: &ClientWrapper,
+    tenant: &str,
+    first: impl std::future::Future<Output = std::result::Result<T, E>>,
+) -> Result<T>
+where
+    Error: From<E>,
+{
+    // Prepared once per connection; after that, preparing costs nothing.
+    let set = c.prepare_cached(SET_TENANT).await?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&tenant];
+    let (begun, scoped, out) = futures::join!(c.batch_execute("BEGIN"), c.execute(&set, &params), first);
+    begun?;
+    scoped?;
+    Ok(out?)
+}
+
+/// Closes a pooled connection instead of returning it to the pool: after an error, a
+/// transaction driven by hand ([`begin_with`]) may still be open on it.
+pub fn discard(c: deadpool_postgres::Object) {
+    drop(deadpool_postgres::Object::take(c));
+}
+
 /// Starts a transaction scoped to `tenant`: every RLS policy now sees this tenant only.
 pub async fn tenant_tx<'a>(client: &'a mut ClientWrapper, tenant: &str) -> Result<Transaction<'a>> {
     let tx = client.transaction().await?;

@@ -62,13 +62,14 @@ pub async fn read_after<C: GenericClient>(
     limit: i64,
     filter: &Filter,
 ) -> Result<Vec<Event>> {
-    let stmt = c.prepare_cached(&read_after_sql()).await?;
+    let stmt = c.prepare_cached(&READ_AFTER).await?;
     let rows =
         c.query(&stmt, &[&tenant, &run_id, &after_seq, &limit, &filter.types, &filter.child_id]).await?;
     rows.iter().map(event_from_row).collect()
 }
 
-fn read_after_sql() -> String {
+/// The statement of [`read_after`], built once.
+static READ_AFTER: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "SELECT {EVENT_COLUMNS} FROM agent_run_events
          WHERE tenant_id = $1 AND run_id = $2 AND seq > $3
@@ -76,11 +77,12 @@ fn read_after_sql() -> String {
            AND ($6::text IS NULL OR child_id = $6)
          ORDER BY seq LIMIT $4"
     )
-}
+});
 
 /// [`read_after`] (every type, every child) in a transaction of its own scoped to
-/// `tenant`, pipelined: BEGIN, the tenant setting, the SELECT and COMMIT go out
-/// together, so a live wake-up waits one round trip for its rows instead of four.
+/// `tenant`, pipelined ([`super::db::begin_with`]): BEGIN, the tenant setting, the
+/// SELECT and COMMIT go out together, so a live wake-up waits one round trip for its
+/// rows instead of four.
 pub async fn read_after_alone(
     c: &deadpool_postgres::ClientWrapper,
     tenant: &str,
@@ -88,24 +90,13 @@ pub async fn read_after_alone(
     after_seq: i64,
     limit: i64,
 ) -> Result<Vec<Event>> {
-    // Both are prepared once per connection; after that, preparing costs nothing.
-    let set = c.prepare_cached(super::db::SET_TENANT).await?;
-    let stmt = c.prepare_cached(&read_after_sql()).await?;
+    let stmt = c.prepare_cached(&READ_AFTER).await?;
     let (types, child): (Option<Vec<String>>, Option<String>) = (None, None);
-    let set_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&tenant];
-    let read_params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
         [&tenant, &run_id, &after_seq, &limit, &types, &child];
-    // tokio-postgres sends requests in the order their futures are first polled, and
-    // join polls in order. A failure inside makes COMMIT a rollback; a read has
-    // nothing to undo either way.
-    let (begin, set, rows, commit) = futures::join!(
-        c.batch_execute("BEGIN"),
-        c.execute(&set, &set_params),
-        c.query(&stmt, &read_params),
-        c.batch_execute("COMMIT"),
-    );
-    begin?;
-    set?;
+    // A failure inside makes COMMIT a rollback; a read has nothing to undo either way.
+    let read = async { Ok::<_, Error>(futures::join!(c.query(&stmt, &params), c.batch_execute("COMMIT"))) };
+    let (rows, commit) = super::db::begin_with(c, tenant, read).await?;
     let rows = rows?;
     commit?;
     rows.iter().map(event_from_row).collect()

@@ -171,9 +171,7 @@ async fn try_group(
             Ok((answers, u64::from(wrote)))
         }
         Err(e) => {
-            // The connection may be inside a failed or unfinished transaction: close it
-            // rather than hand it to the next user of the pool.
-            let _ = deadpool_postgres::Object::take(client);
+            super::db::discard(client);
             Err((e, jobs))
         }
     }
@@ -187,22 +185,15 @@ async fn run_group(
     slots: &mut [tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
     jobs: &[Job],
 ) -> Result<(Vec<Result<AppendOutcome>>, bool)> {
-    let set = c.prepare_cached(super::db::SET_TENANT).await?;
     let lock = c
         .prepare_cached(
             "SELECT run_id, last_seq, last_event_id, date_trunc('milliseconds', clock_timestamp())
              FROM runs WHERE tenant_id = $1 AND run_id = ANY($2) ORDER BY run_id FOR UPDATE",
         )
         .await?;
-    // tokio-postgres sends requests in the order their futures are first polled, and
-    // join polls in order: one round trip for the three.
-    let set_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&tenant];
     let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&tenant, &runs];
-    let (begin, scoped, locked) =
-        futures::join!(c.batch_execute("BEGIN"), c.execute(&set, &set_params), c.query(&lock, &lock_params));
-    begin?;
-    scoped?;
-    let (results, state) = build(c, tenant, runs, slots, &locked?, jobs).await?;
+    let locked = super::db::begin_with(c, tenant, c.query(&lock, &lock_params)).await?;
+    let (results, state) = build(c, tenant, runs, slots, &locked, jobs).await?;
     let wrote = results.iter().any(|r| r.as_ref().is_ok_and(|o| !o.replayed));
     for (i, r) in runs.iter().enumerate() {
         if let Some(s) = state.get(r) {

@@ -45,11 +45,15 @@ pub(crate) fn write_frame(buf: &mut BytesMut, id: i64, event: Option<&str>, data
     buf.put_u8(b'\n');
 }
 
-/// The frame of one item.
+/// Appends the frame of one item.
+fn write_item(buf: &mut BytesMut, o: &Out) {
+    write_frame(buf, o.seq, o.event.as_deref(), &o.to_text());
+}
+
+/// The frame of one item on its own.
 fn frame(o: &Out) -> Bytes {
-    let text = o.to_text();
-    let mut buf = BytesMut::with_capacity(text.len() + 48);
-    write_frame(&mut buf, o.seq, o.event.as_deref(), &text);
+    let mut buf = BytesMut::new();
+    write_item(&mut buf, o);
     buf.freeze()
 }
 
@@ -61,23 +65,26 @@ const CHUNK: usize = 4 * 1024;
 
 /// The body chunks for a batch of items, in order: a lone unchanged page item is its
 /// shared frame as it is (no copy); otherwise consecutive frames are joined into
-/// chunks of about [`CHUNK`] bytes.
+/// chunks of at most [`CHUNK`] bytes (a frame bigger than that is a chunk of its own).
 pub(crate) fn chunks(items: &[Out], out: &mut VecDeque<Bytes>) {
-    let framed = |o: &Out| match &o.data {
-        Data::Wire(w) => w.framed(|| frame(o)),
-        _ => frame(o),
-    };
     if let [one] = items {
-        out.push_back(framed(one));
+        out.push_back(match &one.data {
+            Data::Wire(w) => w.framed(|| frame(one)),
+            _ => frame(one),
+        });
         return;
     }
     let mut buf = BytesMut::new();
     for o in items {
-        let f = framed(o);
-        if !buf.is_empty() && buf.len() + f.len() > CHUNK {
-            out.push_back(buf.split().freeze());
+        let start = buf.len();
+        match &o.data {
+            Data::Wire(w) => buf.put_slice(&w.framed(|| frame(o))),
+            _ => write_item(&mut buf, o),
         }
-        buf.put_slice(&f);
+        if start > 0 && buf.len() > CHUNK {
+            // This frame does not fit: what came before it is a chunk.
+            out.push_back(buf.split_to(start).freeze());
+        }
     }
     if !buf.is_empty() {
         out.push_back(buf.freeze());

@@ -56,12 +56,12 @@ impl Tail {
     /// Starts after `cursor`. Joins the run's shared feed before the first read, so a
     /// page read after this point reaches us and the catch-up covers everything before.
     pub fn new(app: AppRef, who: Principal, run_id: String, cursor: i64) -> Tail {
-        let pages = app.live.join(&app.db, &who.tenant_id, &run_id, cursor, app.stopping());
+        let stopping = app.stopping();
+        let pages = app.live.join(&app.db, &who.tenant_id, &run_id, cursor, stopping.clone());
         let newest = app.live.hub.subscribe(&who.tenant_id, &run_id);
         app.metrics.subscribers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let key_checked = tokio::time::Instant::now();
         let tick = Box::pin(tokio::time::sleep_until(key_checked + KEY_RECHECK));
-        let stopping = app.stopping();
         Tail {
             app,
             who,
@@ -189,13 +189,12 @@ impl Tail {
                 // Closed because the process is stopping: the top of the loop ends us.
                 Some(Err(RecvError::Closed)) if *self.stopping.borrow() => {}
                 Some(Err(RecvError::Closed)) => {
-                    let stopping = self.app.stopping();
                     self.pages = self.app.live.join(
                         &self.app.db,
                         &self.who.tenant_id,
                         &self.run_id,
                         self.cursor,
-                        stopping,
+                        self.stopping.clone(),
                     );
                     self.catching_up = true;
                 }

@@ -29,7 +29,6 @@ use agent_stream::storage::{db, migrate, tenants, Db, DbConfig};
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use criterion::{Criterion, Throughput};
-use futures::SinkExt;
 use serde_json::{json, Value};
 
 #[path = "support/mod.rs"]
@@ -287,16 +286,9 @@ impl Env {
                 rows.now.to_rfc3339()
             ));
         }
-        let data = Bytes::from(data);
+        let sql = format!("COPY bench_raw ({COLUMNS}) FROM STDIN");
         let t = Instant::now();
-        let sink = self
-            .owner
-            .copy_in::<_, Bytes>(&format!("COPY bench_raw ({COLUMNS}) FROM STDIN"))
-            .await
-            .expect("copy");
-        futures::pin_mut!(sink);
-        sink.send(data).await.expect("copy data");
-        let n = sink.finish().await.expect("copy finish");
+        let n = support::copy_in(&self.owner, &sql, data).await;
         let took = t.elapsed();
         assert_eq!(n, BATCH as u64);
         took

@@ -31,7 +31,6 @@ use agent_stream::auth::Scope;
 use agent_stream::storage::{db, tenants};
 use bytes::Bytes;
 use chrono::Utc;
-use futures::SinkExt;
 use serde_json::{json, Value};
 
 use crate::support;
@@ -213,14 +212,8 @@ impl RawProducer {
                 self.run
             ));
         }
-        let sink = self
-            .client
-            .copy_in::<_, Bytes>(&format!("COPY \"{schema}\".raw_copy ({COLUMNS}) FROM STDIN"))
-            .await
-            .expect("copy");
-        futures::pin_mut!(sink);
-        sink.send(Bytes::from(data)).await.expect("copy data");
-        let wrote = sink.finish().await.expect("copy finish");
+        let sql = format!("COPY \"{schema}\".raw_copy ({COLUMNS}) FROM STDIN");
+        let wrote = support::copy_in(&self.client, &sql, data).await;
         assert_eq!(wrote, n as u64, "copy row count");
         self.copied += n as i64;
         wrote

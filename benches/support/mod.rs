@@ -51,6 +51,16 @@ pub async fn connect(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// Runs `sql` (a `COPY ... FROM STDIN`) with `data` in COPY's text format and returns
+/// the number of rows it wrote.
+pub async fn copy_in(c: &tokio_postgres::Client, sql: &str, data: String) -> u64 {
+    use futures::SinkExt;
+    let sink = c.copy_in::<_, bytes::Bytes>(sql).await.expect("copy");
+    futures::pin_mut!(sink);
+    sink.send(bytes::Bytes::from(data)).await.expect("copy data");
+    sink.finish().await.expect("copy finish")
+}
+
 /// Creates a run over HTTP (`POST /v1/runs`), checks the 201 and returns its id.
 pub async fn create_run(http: &reqwest::Client, base: &str, key: &str) -> String {
     let r = http.post(format!("{base}/v1/runs")).bearer_auth(key).send().await.expect("create run");

@@ -154,7 +154,7 @@ async fn setup() -> Option<Env> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let router = agent_stream::http::router(app);
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    tokio::spawn(async move { axum::serve(agent_stream::server::no_delay(listener), router).await });
 
     // The baseline table: LIKE ... INCLUDING ALL copies columns, defaults, CHECK
     // constraints and indexes, but neither foreign keys nor row-level security.

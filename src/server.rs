@@ -121,9 +121,23 @@ async fn serve_on(database: &Database, opts: &ServeOptions) -> anyhow::Result<()
         shutdown_signal().await;
         draining.shut_down();
     };
-    axum::serve(listener, crate::http::router(app)).with_graceful_shutdown(stop).await?;
+    axum::serve(no_delay(listener), crate::http::router(app)).with_graceful_shutdown(stop).await?;
     tracing::info!("shut down");
     Ok(())
+}
+
+/// The listener with Nagle's algorithm off on every accepted connection. Streams write
+/// one small frame per event: with Nagle on, a frame written while the previous one is
+/// unacknowledged waits for the ACK, which the client may delay by up to 40 ms.
+pub fn no_delay(
+    listener: TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
+    use axum::serve::ListenerExt;
+    listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not turn Nagle off on a connection");
+        }
+    })
 }
 
 /// On first start of the embedded default, creates the `dev` tenant and prints its key

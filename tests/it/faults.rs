@@ -331,7 +331,9 @@ async fn thirty_seconds_without_the_database_gives_503s_then_recovers() {
     let app = agent_stream::app::App::new(db, Default::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move { axum::serve(listener, agent_stream::http::router(app)).await });
+    tokio::spawn(async move {
+        axum::serve(agent_stream::server::no_delay(listener), agent_stream::http::router(app)).await
+    });
     let http = reqwest::Client::new();
     let created: Value =
         http.post(format!("{base}/v1/runs")).bearer_auth(&key).send().await.unwrap().json().await.unwrap();

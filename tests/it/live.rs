@@ -826,7 +826,9 @@ async fn a_postgres_restart_mid_stream_loses_and_repeats_nothing() {
     let app = agent_stream::app::App::new(db, Default::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, agent_stream::http::router(app)).await });
+    tokio::spawn(async move {
+        axum::serve(agent_stream::server::no_delay(listener), agent_stream::http::router(app)).await
+    });
     let http = reqwest::Client::new();
 
     // A producer that retries until the service accepts (503s while the database is down).

@@ -143,7 +143,7 @@ async fn main() {
     let addr = listener.local_addr().expect("addr");
     let tenant = app.authenticate(Some(&key)).await.expect("key").tenant_id;
     let router = agent_stream::http::router(app.clone());
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    tokio::spawn(async move { axum::serve(agent_stream::server::no_delay(listener), router).await });
     let base_url = format!("http://{addr}");
     let base = Instant::now();
 
@@ -155,6 +155,22 @@ async fn main() {
     println!("|---|---|---|---|");
 
     // FANOUT_SUBS=100 runs one size (for profiling); the default is all three.
+    // The subscribers are clients: they run on a runtime of their own, as a separate
+    // process would, so their reads do not queue behind the service's tasks on the
+    // service's worker threads. FANOUT_READERS=shared puts them back on the service's.
+    let own = std::env::var("FANOUT_READERS").map_or(true, |v| v != "shared");
+    let clients = own.then(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(
+                std::env::var("FANOUT_READER_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
+            )
+            .thread_name("subscribers")
+            .enable_all()
+            .build()
+            .expect("subscriber runtime")
+    });
+    let spawner = clients.as_ref().map_or_else(tokio::runtime::Handle::current, |rt| rt.handle().clone());
+    println!("subscribers on {} runtime", if own { "their own" } else { "the service's" });
     let sizes: Vec<usize> = std::env::var("FANOUT_SUBS")
         .ok()
         .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
@@ -175,7 +191,7 @@ async fn main() {
                 lat.clone(),
                 ready.clone(),
             );
-            readers.push(tokio::spawn(async move {
+            readers.push(spawner.spawn(async move {
                 let mut sse = SseReader::open(&addr, &path, &key).await.expect("stream");
                 ready.wait().await;
                 let mut mine = Vec::with_capacity(EVENTS);
@@ -235,4 +251,7 @@ async fn main() {
         notify_effect(&url, &schema).await;
     }
     let _ = owner.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
+    if let Some(rt) = clients {
+        rt.shutdown_background();
+    }
 }

@@ -184,14 +184,21 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
     eprintln!("{} {n}: subscribed in {:.1} s", how.name(), t0.elapsed().as_secs_f64());
     // Settle: a subscriber that got seq 1 may still owe the read that finds it caught
     // up. Joining costs reads per subscriber, once; appends must not, so the producer
-    // starts when reads have been still for a second.
+    // starts once every subscriber made its two joining reads (history, then the read
+    // that finds it caught up) and reads have been still for a second. Stillness alone
+    // was not enough at 10,000 WebSocket subscribers: their connections were too busy
+    // to ask for the second read within a second.
     let mut m0 = metrics().await;
+    let joining = joined0 + 2.0 * n as f64;
     let (mut still, settle_until) = (0, Instant::now() + Duration::from_secs(60));
-    while still < 4 && Instant::now() < settle_until {
+    while (still < 4 || reads(&m0) < joining) && Instant::now() < settle_until {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let m = metrics().await;
         still = if reads(&m) == reads(&m0) { still + 1 } else { 0 };
         m0 = m;
+    }
+    if reads(&m0) < joining {
+        eprintln!("{} {n}: joining reads not finished after 60 s; measuring anyway", how.name());
     }
     let join_reads = (reads(&m0) - joined0) / n as f64;
     let rss = support::status_kib(pid, "VmRSS:");

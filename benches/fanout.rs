@@ -147,30 +147,29 @@ async fn main() {
     let base_url = format!("http://{addr}");
     let base = Instant::now();
 
-    let mut bare = support::bare_notify(&url, EVENTS, SPACING).await;
-    let (b50, b99) = (pct(&mut bare, 0.5), pct(&mut bare, 0.99));
-    println!("date: {}", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
-    println!("baseline NOTIFY->LISTEN: p50 {b50:.2} ms, p99 {b99:.2} ms ({EVENTS} notifications)");
-    println!("| subscribers | append (to commit) p50 / p99 (ms) | commit->receipt p50 / p99 / max (ms) | p99 vs bare NOTIFY p99 |");
-    println!("|---|---|---|---|");
-
-    // FANOUT_SUBS=100 runs one size (for profiling); the default is all three.
     // The subscribers are clients: they run on a runtime of their own, as a separate
     // process would, so their reads do not queue behind the service's tasks on the
     // service's worker threads. FANOUT_READERS=shared puts them back on the service's.
     let own = std::env::var("FANOUT_READERS").map_or(true, |v| v != "shared");
     let clients = own.then(|| {
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(
-                std::env::var("FANOUT_READER_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
-            )
+            .worker_threads(2)
             .thread_name("subscribers")
             .enable_all()
             .build()
             .expect("subscriber runtime")
     });
     let spawner = clients.as_ref().map_or_else(tokio::runtime::Handle::current, |rt| rt.handle().clone());
+
+    let mut bare = support::bare_notify(&url, EVENTS, SPACING).await;
+    let (b50, b99) = (pct(&mut bare, 0.5), pct(&mut bare, 0.99));
+    println!("date: {}", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    println!("baseline NOTIFY->LISTEN: p50 {b50:.2} ms, p99 {b99:.2} ms ({EVENTS} notifications)");
     println!("subscribers on {} runtime", if own { "their own" } else { "the service's" });
+    println!("| subscribers | append (to commit) p50 / p99 (ms) | commit->receipt p50 / p99 / max (ms) | p99 vs bare NOTIFY p99 |");
+    println!("|---|---|---|---|");
+
+    // FANOUT_SUBS=100 runs one size (for profiling); the default is all three.
     let sizes: Vec<usize> = std::env::var("FANOUT_SUBS")
         .ok()
         .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())

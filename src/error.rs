@@ -169,6 +169,10 @@ pub enum Error {
     /// No pooled connection could be had.
     #[error("database pool: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
+    /// The connection was lost after COMMIT was sent, and whether the transaction
+    /// committed could not be checked either.
+    #[error("commit outcome unknown: {0}")]
+    InDoubt(String),
     /// Anything else that is the server's fault.
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
@@ -185,6 +189,15 @@ impl Error {
     pub fn public_parts(&self) -> (String, Option<usize>) {
         match self {
             Error::Rejected(r) => (r.message.clone(), r.index),
+            Error::InDoubt(_) => {
+                tracing::warn!(error = %self, "commit outcome unknown");
+                (
+                    "the connection to the database was lost while committing, and whether the append \
+                     was stored could not be checked; retry it with the same idempotency keys to find out"
+                        .to_owned(),
+                    None,
+                )
+            }
             _ if self.code() == ErrorCode::Unavailable => {
                 tracing::warn!(error = %self, "database unavailable");
                 ("the database is unavailable; retry shortly".to_owned(), None)
@@ -201,7 +214,7 @@ impl Error {
         match self {
             Error::Rejected(r) => r.code,
             Error::Db(e) if is_unavailable(e) => ErrorCode::Unavailable,
-            Error::Pool(_) => ErrorCode::Unavailable,
+            Error::Pool(_) | Error::InDoubt(_) => ErrorCode::Unavailable,
             _ => ErrorCode::Internal,
         }
     }

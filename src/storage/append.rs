@@ -209,9 +209,63 @@ where
     let run_row: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
         [&tenant, &run_id, &new_last, &last_id_str, &state_str, &now, &ended];
     futures::try_join!(tx.execute(&insert, &rows), tx.execute(&update, &run_row))?;
-    tx.commit().await?;
+    let outcome = AppendOutcome { first_seq: last_seq + 1, last_seq: new_last, replayed: false };
+    if let Err(e) = tx.commit().await {
+        let last = id_strs.last().map_or("", String::as_str);
+        if !settle_in_doubt(db, e, tenant, &run_id, new_last, last).await? {
+            // Not stored: the guard cached before this append still holds.
+            return Err(Error::reject(
+                ErrorCode::Unavailable,
+                "the database connection was lost; nothing was stored",
+            ));
+        }
+    }
     *cached = Some(guard);
-    Ok(AppendOutcome { first_seq: last_seq + 1, last_seq: new_last, replayed: false })
+    Ok(outcome)
+}
+
+/// How long [`commit_outcome`] waits for the run's row lock.
+const IN_DOUBT_LOCK_WAIT: &str = "SET LOCAL lock_timeout = '5s'";
+
+/// After a COMMIT failed, whether it took effect anyway, given the append's last row
+/// (`seq` of the run, with event `id`). A COMMIT the server answered with an error
+/// did not; one whose answer never came (the connection broke) is checked with
+/// [`commit_outcome`]. `Ok(true)`: stored; `Ok(false)`: not stored; `Err`: the
+/// server's error, or [`Error::InDoubt`] when the check failed too.
+pub(crate) async fn settle_in_doubt(
+    db: &Db,
+    failed: tokio_postgres::Error,
+    tenant: &str,
+    run_id: &str,
+    seq: i64,
+    id: &str,
+) -> Result<bool> {
+    if failed.code().is_some() {
+        return Err(failed.into());
+    }
+    tracing::warn!(error = %failed, run = %run_id, seq, "COMMIT got no answer; checking whether it took effect");
+    commit_outcome(db, tenant, run_id, seq, id)
+        .await
+        .map_err(|check| Error::InDoubt(format!("{failed}; checking afterwards failed too: {check}")))
+}
+
+/// Whether the event `id` is stored at `seq` of the run: after a COMMIT whose answer
+/// never came, whether that transaction committed. The run's row lock is taken first,
+/// so a transaction the server is still finishing is waited out (up to 5 s) rather
+/// than taken for one that did not commit.
+pub async fn commit_outcome(db: &Db, tenant: &str, run_id: &str, seq: i64, id: &str) -> Result<bool> {
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    tx.batch_execute(IN_DOUBT_LOCK_WAIT).await?;
+    tx.query_opt("SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE", &[&tenant, &run_id])
+        .await?;
+    let row = tx
+        .query_opt(
+            "SELECT id FROM agent_run_events WHERE tenant_id = $1 AND run_id = $2 AND seq = $3",
+            &[&tenant, &run_id, &seq],
+        )
+        .await?;
+    Ok(row.is_some_and(|r| r.get::<_, &str>(0) == id))
 }
 
 /// A retry is a batch whose every event carries a key that is already stored with the

@@ -144,10 +144,36 @@ async fn commit_group(db: &Db, guards: &Guards, metrics: &Metrics, tenant: &str,
 
 type Answers = Vec<(oneshot::Sender<Result<AppendOutcome>>, Result<AppendOutcome>)>;
 
+/// Each append's answer, and the runs' state after the group.
+type Built = (Vec<Result<AppendOutcome>>, HashMap<String, Locked>);
+
+/// Why a group's transaction did not end in an answered COMMIT.
+enum Failed {
+    /// Nothing of the group is stored.
+    NotStored(Error),
+    /// COMMIT was sent but its answer never came (the connection broke): the group is
+    /// stored or not as a whole, and its last row (run, seq, event id) tells which.
+    InDoubt { error: tokio_postgres::Error, probe: (String, i64, String), built: Built },
+}
+
+impl From<Error> for Failed {
+    fn from(e: Error) -> Failed {
+        Failed::NotStored(e)
+    }
+}
+
+impl From<tokio_postgres::Error> for Failed {
+    fn from(e: tokio_postgres::Error) -> Failed {
+        Failed::NotStored(e.into())
+    }
+}
+
 /// Builds and commits the group. `Ok`: every append's answer and whether a transaction
-/// wrote. `Err`: nothing was stored, or whether it was is unknown (the COMMIT failed);
-/// every append comes back to be redone alone, which answers each exactly as alone
-/// (a stored one as an idempotent retry only if it carried keys, as any retry).
+/// wrote. `Err`: nothing was stored; every append comes back to be redone alone, which
+/// answers each exactly as alone. A COMMIT whose answer never came is settled first
+/// (see [`super::append::settle_in_doubt`]): a group that did commit is answered as
+/// committed, not redone (a redo would store keyless appends twice); one whose outcome
+/// cannot be learned answers its appends with [`Error::InDoubt`].
 ///
 /// The transaction is driven by hand rather than through `Transaction` so that its
 /// statements can be pipelined: BEGIN, the tenant setting and the row locks go out in
@@ -165,26 +191,60 @@ async fn try_group(
         Ok(c) => c,
         Err(e) => return Err((e.into(), jobs)),
     };
-    match run_group(&client, tenant, runs, slots, &jobs).await {
-        Ok((results, wrote)) => {
-            let answers = jobs.into_iter().zip(results).map(|(j, r)| (j.reply, r)).collect();
-            Ok((answers, u64::from(wrote)))
-        }
-        Err(e) => {
+    let (results, state) = match run_group(&client, tenant, runs, slots, &jobs).await {
+        Ok(built) => built,
+        Err(failed) => {
             super::db::discard(client);
-            Err((e, jobs))
+            let (error, (run, seq, id), built) = match failed {
+                Failed::NotStored(e) => return Err((e, jobs)),
+                Failed::InDoubt { error, probe, built } => (error, probe, built),
+            };
+            match super::append::settle_in_doubt(db, error, tenant, &run, seq, &id).await {
+                Ok(true) => built,
+                Ok(false) => {
+                    let e = anyhow::anyhow!("the connection broke at COMMIT; the group was not stored");
+                    return Err((Error::Internal(e), jobs));
+                }
+                Err(e) => {
+                    // The guards may or may not hold the group: rebuild them next time.
+                    for slot in slots.iter_mut() {
+                        **slot = None;
+                    }
+                    let why = match e {
+                        Error::InDoubt(why) => why,
+                        other => other.to_string(),
+                    };
+                    let answers = jobs
+                        .into_iter()
+                        .zip(built.0)
+                        .map(|(j, r)| match r {
+                            Ok(o) if !o.replayed => (j.reply, Err(Error::InDoubt(why.clone()))),
+                            r => (j.reply, r),
+                        })
+                        .collect();
+                    return Ok((answers, 0));
+                }
+            }
+        }
+    };
+    for (i, r) in runs.iter().enumerate() {
+        if let Some(s) = state.get(r) {
+            *slots[i] = Some(s.guard.clone());
         }
     }
+    let wrote = results.iter().any(|r| r.as_ref().is_ok_and(|o| !o.replayed));
+    let answers = jobs.into_iter().zip(results).map(|(j, r)| (j.reply, r)).collect();
+    Ok((answers, u64::from(wrote)))
 }
 
-/// One group's transaction on `c`; the runs' guard slots are updated only after COMMIT.
+/// One group's transaction on `c`, up to and including COMMIT.
 async fn run_group(
     c: &deadpool_postgres::Client,
     tenant: &str,
     runs: &[String],
-    slots: &mut [tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
+    slots: &[tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
     jobs: &[Job],
-) -> Result<(Vec<Result<AppendOutcome>>, bool)> {
+) -> std::result::Result<Built, Failed> {
     let lock = c
         .prepare_cached(
             "SELECT run_id, last_seq, last_event_id, date_trunc('milliseconds', clock_timestamp())
@@ -193,14 +253,7 @@ async fn run_group(
         .await?;
     let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&tenant, &runs];
     let locked = super::db::begin_with(c, tenant, c.query(&lock, &lock_params)).await?;
-    let (results, state) = build(c, tenant, runs, slots, &locked, jobs).await?;
-    let wrote = results.iter().any(|r| r.as_ref().is_ok_and(|o| !o.replayed));
-    for (i, r) in runs.iter().enumerate() {
-        if let Some(s) = state.get(r) {
-            *slots[i] = Some(s.guard.clone());
-        }
-    }
-    Ok((results, wrote))
+    build(c, tenant, runs, slots, &locked, jobs).await
 }
 
 /// With the group's runs locked (`rows`), answers retries, validates each append on its
@@ -213,7 +266,7 @@ async fn build(
     slots: &[tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
     rows: &[tokio_postgres::Row],
     jobs: &[Job],
-) -> Result<(Vec<Result<AppendOutcome>>, HashMap<String, Locked>)> {
+) -> std::result::Result<Built, Failed> {
     let mut now: Option<DateTime<Utc>> = None;
     let mut state: HashMap<String, Locked> = HashMap::new();
     for row in rows {
@@ -232,7 +285,8 @@ async fn build(
             return Err(Error::Internal(anyhow::anyhow!(
                 "run {run_id}: log ends at seq {} but the run row says {last_seq}",
                 guard.last_seq()
-            )));
+            ))
+            .into());
         }
         let before = guard.state();
         let last_id = last_id.and_then(|s| Ulid::from_string(&s).ok());
@@ -349,9 +403,19 @@ async fn build(
             tx.execute(&update, &run_rows),
             tx.batch_execute("COMMIT")
         );
-        inserted?;
-        updated?;
-        committed?;
+        match committed {
+            // No answer to the COMMIT: the group may be stored; its last row tells.
+            Err(error) if error.code().is_none() => {
+                let last = r_seq.len() - 1;
+                let probe = (r_run[last].clone(), r_seq[last], r_id[last].clone());
+                return Err(Failed::InDoubt { error, probe, built: (results, state) });
+            }
+            committed => {
+                inserted?;
+                updated?;
+                committed?;
+            }
+        }
     } else {
         // Nothing to write (retries and refusals only): end the transaction.
         tx.batch_execute("COMMIT").await?;

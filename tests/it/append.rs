@@ -333,3 +333,71 @@ async fn concurrent_single_event_appends_share_commits_and_keep_their_own_answer
     assert_eq!(appends, ok as u64);
     assert!(groups <= appends, "never more commits than appends");
 }
+
+/// After a COMMIT whose answer never came, the append path asks whether it took effect
+/// (`storage::append::commit_outcome`) instead of redoing it: a redo would store a
+/// keyless append twice. The check must see stored rows, must not mistake another row
+/// for the one asked about, and must wait for a transaction the server is still
+/// finishing rather than call it not stored.
+#[tokio::test]
+async fn commit_outcome_sees_stored_rows_and_waits_out_an_open_transaction() {
+    use storage::append::commit_outcome;
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "custom.a", "payload": {}}])).await;
+    let stored = t.events(&t.key_a, &run).await;
+    let id = stored[0]["id"].as_str().expect("id").to_owned();
+    let (db, tenant) = (&t.app.db, t.tenant_a.as_str());
+    assert!(commit_outcome(db, tenant, &run, 1, &id).await.expect("check"), "a stored row is stored");
+    assert!(!commit_outcome(db, tenant, &run, 1, "01ARZ3NDEKTSV4RRFFQ69G5FAV").await.expect("check"));
+    assert!(!commit_outcome(db, tenant, &run, 2, &id).await.expect("check"), "nothing at seq 2");
+    assert!(!commit_outcome(db, &t.tenant_b, &run, 1, &id).await.expect("check"), "tenant b sees nothing");
+
+    // A transaction holding the run's lock with seq 2 written but not yet committed:
+    // the check waits for it, whichever way it ends.
+    for commit in [false, true] {
+        let mut client = t.app.db.pool.get().await.expect("client");
+        let tx = storage::db::tenant_tx(&mut client, tenant).await.expect("tx");
+        tx.query_one("SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE", &[&tenant, &run])
+            .await
+            .expect("lock");
+        let new_id = "01J0000000000000000000000Z";
+        tx.execute(
+            "INSERT INTO agent_run_events (tenant_id, run_id, seq, id, ts, type, payload)
+             VALUES ($1, $2, 2, $3, now(), 'custom.b', '{}')",
+            &[&tenant, &run, &new_id],
+        )
+        .await
+        .expect("insert");
+        let check = {
+            let (db, tenant, run) = (t.app.db.clone(), tenant.to_owned(), run.clone());
+            tokio::spawn(async move { commit_outcome(&db, &tenant, &run, 2, new_id).await })
+        };
+        // Until the check's backend waits on the row lock (not a sleep: its state).
+        let owner = t.db.owner().await;
+        loop {
+            let waiting: i64 = owner
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+                     AND query LIKE 'SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE'",
+                    &[],
+                )
+                .await
+                .expect("activity")
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            assert!(!check.is_finished(), "the check did not wait for the open transaction");
+            tokio::task::yield_now().await;
+        }
+        assert!(!check.is_finished());
+        if commit {
+            tx.commit().await.expect("commit");
+        } else {
+            tx.rollback().await.expect("rollback");
+        }
+        let stored = check.await.expect("task").expect("check");
+        assert_eq!(stored, commit, "the check reports how the open transaction ended");
+    }
+}

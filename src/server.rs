@@ -121,7 +121,9 @@ async fn serve_on(database: &Database, opts: &ServeOptions) -> anyhow::Result<()
         shutdown_signal().await;
         draining.shut_down();
     };
-    axum::serve(no_delay(listener), crate::http::router(app)).with_graceful_shutdown(stop).await?;
+    let router = crate::http::router(app.clone());
+    axum::serve(no_delay(listener), router).with_graceful_shutdown(stop).await?;
+    app.live.stop_listening();
     tracing::info!("shut down");
     Ok(())
 }

@@ -46,6 +46,8 @@ pub struct Live {
     pub feeds: std::sync::Arc<Feeds>,
     outbox: mpsc::Sender<(String, String, i64)>,
     listening: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The listener and the safety poll, stopped by [`Live::stop_listening`].
+    watchers: [tokio::task::AbortHandle; 2],
 }
 
 /// `application_name` of the LISTEN connection (PostgreSQL keeps 63 bytes of it).
@@ -66,9 +68,21 @@ impl Live {
         let (outbox, rx) = mpsc::channel(65_536);
         let listening = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         tokio::spawn(notifier(url.clone(), schema.clone(), rx));
-        tokio::spawn(listener(url.clone(), schema.clone(), hub.clone(), listening.clone(), metrics));
-        tokio::spawn(safety_poll(url, schema, hub.clone()));
-        Live { hub, feeds: Default::default(), outbox, listening }
+        let listen =
+            tokio::spawn(listener(url.clone(), schema.clone(), hub.clone(), listening.clone(), metrics));
+        let poll = tokio::spawn(safety_poll(url, schema, hub.clone()));
+        let watchers = [listen.abort_handle(), poll.abort_handle()];
+        Live { hub, feeds: Default::default(), outbox, listening, watchers }
+    }
+
+    /// Stops listening for other processes' appends and polling for lost wake-ups: the
+    /// server has drained, and the database may be about to stop (the embedded
+    /// default), which the listener would otherwise report as a lost connection.
+    pub fn stop_listening(&self) {
+        for task in &self.watchers {
+            task.abort();
+        }
+        self.listening.store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// True while the LISTEN connection is up (readiness).

@@ -85,6 +85,9 @@ pub struct App {
     pub limiter: crate::ratelimit::RateLimiter,
     /// Set when the process starts shutting down: live streams end cleanly.
     stopping: tokio::sync::watch::Sender<bool>,
+    /// One clone per open WebSocket: the server's graceful shutdown does not wait for
+    /// upgraded connections, so it waits on these before the process exits.
+    sockets: Arc<()>,
     /// Limits and options.
     pub settings: Settings,
 }
@@ -116,6 +119,7 @@ impl App {
             metrics,
             limiter: Default::default(),
             stopping: tokio::sync::watch::channel(false).0,
+            sockets: Arc::new(()),
             settings,
         })
     }
@@ -124,6 +128,24 @@ impl App {
     /// their cursor); requests in flight finish.
     pub fn shut_down(&self) {
         self.stopping.send_replace(true);
+    }
+
+    /// Held by an open WebSocket connection for as long as it is open.
+    pub fn socket_open(&self) -> Arc<()> {
+        self.sockets.clone()
+    }
+
+    /// Waits until every WebSocket connection has closed, or `limit` has passed;
+    /// false if some were still open.
+    pub async fn sockets_closed(&self, limit: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        while Arc::strong_count(&self.sockets) > 1 {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        true
     }
 
     /// A receiver that turns true when the process starts shutting down.

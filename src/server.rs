@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
@@ -123,6 +124,9 @@ async fn serve_on(database: &Database, opts: &ServeOptions) -> anyhow::Result<()
     };
     let router = crate::http::router(app.clone());
     axum::serve(no_delay(listener), router).with_graceful_shutdown(stop).await?;
+    if !app.sockets_closed(Duration::from_secs(2)).await {
+        tracing::warn!("some WebSocket connections did not close within 2 s");
+    }
     app.live.stop_listening();
     tracing::info!("shut down");
     Ok(())

@@ -162,11 +162,21 @@ fn ws_protocol(headers: &axum::http::HeaderMap) -> Option<WebSocketProtocols> {
     offered.split(',').find_map(|p| p.trim().parse().ok())
 }
 
+/// Close code sent when the server shuts down (RFC 6455 "going away"); `graphql-ws`
+/// clients reconnect and subscribe again after it.
+const GOING_AWAY: u16 = 1001;
+
 /// One WebSocket connection. Like async-graphql-axum's own loop, except that messages
 /// that are ready together go out in one write: subscribers of a busy run get a batch
 /// of events per wake-up, and a flush per message made that a syscall per event.
+///
+/// When the process starts shutting down the connection closes with [`GOING_AWAY`]
+/// rather than letting its subscriptions end: a `complete` would tell the client the
+/// run's stream is over, when it only has to resume elsewhere.
 async fn serve_ws(socket: WebSocket, schema: AgentSchema, protocol: WebSocketProtocols, app: AppRef) {
     use futures::{FutureExt, SinkExt, StreamExt};
+    let _open = app.socket_open();
+    let mut stopping = app.stopping();
     let (mut sink, stream) = socket.split();
     let input = stream.take_while(|m| futures::future::ready(m.is_ok())).filter_map(|m| {
         futures::future::ready(match m {
@@ -193,11 +203,22 @@ async fn serve_ws(socket: WebSocket, schema: AgentSchema, protocol: WebSocketPro
             }
         });
     futures::pin_mut!(out);
-    while let Some(first) = out.next().await {
+    loop {
+        // The stop flag is set before any stream ends because of it, so checking it
+        // before each message keeps those endings from reaching the client.
+        let first = tokio::select! {
+            biased;
+            _ = stopping.wait_for(|s| *s) => break,
+            m = out.next() => m,
+        };
+        let Some(first) = first else { return };
         if sink.feed(first).await.is_err() {
             return;
         }
         while let Some(Some(more)) = out.next().now_or_never() {
+            if *stopping.borrow() {
+                break;
+            }
             if sink.feed(more).await.is_err() {
                 return;
             }
@@ -206,6 +227,8 @@ async fn serve_ws(socket: WebSocket, schema: AgentSchema, protocol: WebSocketPro
             return;
         }
     }
+    let bye = CloseFrame { code: GOING_AWAY, reason: "server shutting down; reconnect".into() };
+    let _ = sink.send(Message::Close(Some(bye))).await;
 }
 
 /// `GET /graphql` (GraphiQL), `POST /graphql`, and the WebSocket at `/graphql/ws`.

@@ -669,6 +669,46 @@ mod graphql_ws {
         assert_eq!(types[3].0, 2, "each item rides on the event it came from");
     }
 
+    /// A shutdown closes subscription sockets with 1001 (going away), which `graphql-ws`
+    /// clients answer by reconnecting; the subscriptions are not completed, since the
+    /// run's stream is not over.
+    #[tokio::test]
+    async fn a_shutdown_closes_the_socket_with_going_away_not_complete() {
+        let t = TestApp::new().await;
+        let run = t.create_run(&t.key_a).await;
+        t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}]))
+            .await;
+        let mut ws = connect(&t, "graphql-transport-ws", &t.key_a).await;
+        assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack");
+        send(
+            &mut ws,
+            json!({"id": "1", "type": "subscribe", "payload": {"query": SUB, "variables": {"run": run}}}),
+        )
+        .await;
+        assert_eq!(recv(&mut ws).await.unwrap()["payload"]["data"]["runEvents"]["seq"], 1);
+        t.app.shut_down();
+        let close = loop {
+            let m = tokio::time::timeout(std::time::Duration::from_secs(15), ws.next())
+                .await
+                .expect("a frame in 15 s")
+                .expect("the server closes, it does not just drop the connection")
+                .expect("frame");
+            match m {
+                Message::Close(frame) => break frame.expect("a close code"),
+                Message::Text(text) => {
+                    let v: Value = serde_json::from_str(&text).expect("json");
+                    assert!(
+                        matches!(v["type"].as_str(), Some("ka" | "ping" | "pong")),
+                        "before the close: {v}"
+                    );
+                }
+                _ => {}
+            }
+        };
+        assert_eq!(u16::from(close.code), 1001, "{close:?}");
+        assert!(t.app.sockets_closed(std::time::Duration::from_secs(5)).await, "the connection ended");
+    }
+
     #[tokio::test]
     async fn a_bad_key_in_connection_init_closes_the_socket() {
         let t = TestApp::new().await;

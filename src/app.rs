@@ -178,14 +178,24 @@ impl App {
     /// is, and a bad line writes nothing.
     pub async fn import(&self, who: &Principal, body: &[u8]) -> Result<RunInfo> {
         who.require(Scope::Write)?;
-        self.admit(who)?;
         let lines =
             crate::domain::jsonl::parse_export(body, self.settings.limits).map_err(Error::Rejected)?;
-        let events: Vec<storage::import::Imported> = lines
+        let events = lines
             .into_iter()
-            .map(|(line, l)| storage::import::Imported { ts: l.ts, event: l.event, line })
-            .collect();
-        let run = storage::import::import_run(&self.db, &who.tenant_id, &events).await;
+            .map(|(line, l)| Ok(storage::import::Imported { ts: l.ts, event: l.event, line }));
+        self.import_events(who, futures::stream::iter(events)).await
+    }
+
+    /// Imports a run from events read as they come (a file of any size, in constant
+    /// memory): one transaction, so an error in the stream or a bad event writes
+    /// nothing.
+    pub async fn import_events<S>(&self, who: &Principal, events: S) -> Result<RunInfo>
+    where
+        S: futures::Stream<Item = Result<storage::import::Imported>> + Unpin,
+    {
+        who.require(Scope::Write)?;
+        self.admit(who)?;
+        let run = storage::import::import_run(&self.db, &who.tenant_id, events).await;
         let counted =
             run.as_ref().ok().map(|r| AppendOutcome { first_seq: 1, last_seq: r.last_seq, replayed: false });
         self.count(counted.as_ref(), true);

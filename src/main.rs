@@ -345,28 +345,62 @@ async fn cli_export(
     Ok(())
 }
 
+/// Imports a file line by line: memory stays flat whatever its size.
 async fn cli_import(app: AppRef, key: &str, file: &std::path::Path) -> anyhow::Result<()> {
-    use tokio::io::AsyncReadExt;
+    use agent_stream::domain::jsonl::ExportLines;
+    use agent_stream::error::Error;
+    use agent_stream::storage::import::Imported;
+    use anyhow::Context;
+    use tokio::io::AsyncBufReadExt;
     let who = app.authenticate(Some(key)).await?;
-    let mut f = tokio::fs::File::open(file).await?;
-    let size = f.metadata().await?.len();
-    let pb = progress(size, "reading");
-    let mut body = Vec::with_capacity(size as usize);
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).await?;
-        if n == 0 {
-            break;
+    let f = tokio::fs::File::open(file).await.with_context(|| format!("opening {}", file.display()))?;
+    let pb = progress(f.metadata().await?.len(), "importing (one transaction)");
+    let reader = LineReader {
+        raw: tokio::io::BufReader::with_capacity(1 << 20, f).split(b'\n'),
+        lines: ExportLines::new(app.settings.limits),
+        number: 0,
+        done: false,
+        pb: pb.clone(),
+    };
+    let events = futures::stream::unfold(reader, |mut r| async move {
+        if r.done {
+            return None;
         }
-        body.extend_from_slice(&buf[..n]);
-        pb.inc(n as u64);
-    }
-    pb.set_message("importing (checked, then written in one transaction)");
-    let run = app.import(&who, &body).await?;
+        loop {
+            let item = match r.raw.next_segment().await {
+                Err(e) => Err(Error::Internal(anyhow::Error::new(e).context("reading the file"))),
+                Ok(None) => {
+                    r.done = true;
+                    return r.lines.finish().err().map(|e| (Err(Error::Rejected(e)), r));
+                }
+                Ok(Some(line)) => {
+                    r.number += 1;
+                    r.pb.inc(line.len() as u64 + 1);
+                    match r.lines.line(r.number, &line) {
+                        Ok(None) => continue,
+                        Ok(Some(l)) => Ok(Imported { ts: l.ts, event: l.event, line: r.number }),
+                        Err(e) => Err(Error::Rejected(e)),
+                    }
+                }
+            };
+            r.done = item.is_err();
+            return Some((item, r));
+        }
+    });
+    let run = app.import_events(&who, Box::pin(events)).await?;
     pb.finish_and_clear();
     eprintln!("imported {} events", run.last_seq);
     println!("{}", run.run_id);
     Ok(())
+}
+
+/// The state of [`cli_import`]'s reading.
+struct LineReader {
+    raw: tokio::io::Split<tokio::io::BufReader<tokio::fs::File>>,
+    lines: agent_stream::domain::jsonl::ExportLines,
+    number: usize,
+    done: bool,
+    pb: indicatif::ProgressBar,
 }
 
 #[tokio::main]

@@ -68,19 +68,31 @@ pub fn parse_line(line: usize, raw: &[u8], limits: Limits) -> Result<Line, Rejec
     Ok(Line { ts, seq, event })
 }
 
-/// Parses a whole export: every non-blank line, seqs 1, 2, 3, … in order.
-pub fn parse_export(body: &[u8], limits: Limits) -> Result<Vec<(usize, Line)>, Rejection> {
-    let mut out = Vec::new();
-    for (i, raw) in body.split(|b| *b == b'\n').enumerate() {
+/// Checks an export line by line as it is read, so a file of any size is checked in
+/// constant memory: every non-blank line parses, and seqs run 1, 2, 3, … in order.
+#[derive(Debug)]
+pub struct ExportLines {
+    limits: Limits,
+    events: i64,
+}
+
+impl ExportLines {
+    /// A reader of one export under `limits`.
+    pub fn new(limits: Limits) -> ExportLines {
+        ExportLines { limits, events: 0 }
+    }
+
+    /// Line `line` (1-based) of the export, without its newline: `None` when blank.
+    pub fn line(&mut self, line: usize, raw: &[u8]) -> Result<Option<Line>, Rejection> {
         let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
         if raw.iter().all(u8::is_ascii_whitespace) {
-            continue;
+            return Ok(None);
         }
-        let l = parse_line(i + 1, raw, limits)?;
-        let want = out.len() as i64 + 1;
+        let l = parse_line(line, raw, self.limits)?;
+        let want = self.events + 1;
         if l.seq != want {
             return Err(bad(
-                i + 1,
+                line,
                 ErrorCode::SeqConflict,
                 format!(
                     "seq {} where {want} was expected (an export holds seqs 1, 2, 3, … with no gaps)",
@@ -88,11 +100,29 @@ pub fn parse_export(body: &[u8], limits: Limits) -> Result<Vec<(usize, Line)>, R
                 ),
             ));
         }
-        out.push((i + 1, l));
+        self.events = want;
+        Ok(Some(l))
     }
-    if out.is_empty() {
-        return Err(Rejection::new(ErrorCode::BatchEmpty, "the file holds no events"));
+
+    /// After the last line: an export holds at least one event.
+    pub fn finish(&self) -> Result<(), Rejection> {
+        if self.events == 0 {
+            return Err(Rejection::new(ErrorCode::BatchEmpty, "the file holds no events"));
+        }
+        Ok(())
     }
+}
+
+/// Parses a whole export held in memory (see [`ExportLines`]).
+pub fn parse_export(body: &[u8], limits: Limits) -> Result<Vec<(usize, Line)>, Rejection> {
+    let mut lines = ExportLines::new(limits);
+    let mut out = Vec::new();
+    for (i, raw) in body.split(|b| *b == b'\n').enumerate() {
+        if let Some(l) = lines.line(i + 1, raw)? {
+            out.push((i + 1, l));
+        }
+    }
+    lines.finish()?;
     Ok(out)
 }
 

@@ -331,3 +331,52 @@ async fn the_export_and_import_commands_round_trip_a_run() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `agent-stream import` reads the file as it writes (memory does not grow with the
+/// file), in one transaction: a file longer than one write chunk is stored whole, and
+/// one whose last line is bad stores nothing, though earlier chunks were already sent.
+#[tokio::test]
+async fn the_import_command_streams_a_long_file_in_one_transaction() {
+    let t = TestApp::new().await;
+    let dir = std::env::temp_dir().join(format!("agent-stream-import-{}", t.db.schema));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("long.jsonl");
+    let n = 12_000;
+    let mut body = String::new();
+    for seq in 1..=n {
+        body.push_str(&format!(
+            "{{\"ts\":\"2026-01-01T00:00:00.000Z\",\"type\":\"custom.tick\",\"seq\":{seq},\"payload\":{{\"i\":{seq}}}}}\n"
+        ));
+    }
+    let import = |contents: &str| {
+        std::fs::write(&file, contents).expect("write");
+        std::process::Command::new(env!("CARGO_BIN_EXE_agent-stream"))
+            .args(["import", file.to_str().expect("path"), "--schema", &t.db.schema])
+            .env("DATABASE_URL", &t.db.url)
+            .env("AGENT_STREAM_KEY", &t.key_a)
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("agent-stream runs")
+    };
+    let (runs0, events0) = (t.count_rows("runs").await, t.count_rows("agent_run_events").await);
+    let bad = format!(
+        "{body}{{\"ts\":\"2026-01-01T00:00:00.000Z\",\"type\":\"nope\",\"seq\":{},\"payload\":{{}}}}\n",
+        n + 1
+    );
+    let out = import(&bad);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a bad last line fails the import");
+    assert!(stderr.contains(&format!("line {}", n + 1)), "{stderr}");
+    assert_eq!(t.count_rows("runs").await, runs0, "no run was created");
+    assert_eq!(t.count_rows("agent_run_events").await, events0, "no event was kept");
+
+    let out = import(&body);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let events = t.events(&t.key_a, &run).await;
+    assert_eq!(events.len(), n as usize);
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!((e["seq"].as_i64(), e["payload"]["i"].as_i64()), (Some(i as i64 + 1), Some(i as i64 + 1)));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -33,8 +33,7 @@ static GLOBAL: agent_stream::Allocator = agent_stream::Allocator;
 const EVENTS: usize = 300;
 const SPACING: Duration = Duration::from_millis(5);
 
-#[path = "support/mod.rs"]
-mod support;
+use agent_stream::load::support;
 use support::{pct, SseReader};
 
 async fn reachable(url: &str) -> bool {
@@ -175,8 +174,8 @@ async fn main() {
         .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 100, 1000]);
     for subs in sizes {
-        let http = reqwest::Client::new();
-        let run = support::create_run(&http, &base_url, &key).await;
+        let mut http = agent_stream::load::http::Conn::open(&base_url).await.expect("connect");
+        let run = support::create_run(&mut http, &key).await;
         // (seq, receipt) per subscriber event, and the commit time per seq.
         let lat: Arc<Mutex<Vec<(i64, u64)>>> = Arc::new(Mutex::new(Vec::with_capacity(subs * EVENTS)));
         let commits: Arc<Mutex<std::collections::HashMap<i64, u64>>> = Default::default();

@@ -8,7 +8,7 @@
 //!
 //!     cargo bench --bench fold
 //!
-//! `cargo bench --bench load -- fold` times the same fold without criterion, as one
+//! `cargo run --release -- bench fold` times the same fold without criterion, as one
 //! table of the load tool.
 
 use std::alloc::{GlobalAlloc, Layout};
@@ -18,8 +18,7 @@ use std::time::Duration;
 use agent_stream::projection::RunView;
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
-#[path = "support/mod.rs"]
-mod support;
+use agent_stream::load::support;
 
 /// Counts live heap bytes, allocating with the service's allocator.
 struct Counting;

@@ -31,8 +31,7 @@ use chrono::{DateTime, Utc};
 use criterion::{Criterion, Throughput};
 use serde_json::{json, Value};
 
-#[path = "support/mod.rs"]
-mod support;
+use agent_stream::load::support;
 use tokio::runtime::Runtime;
 
 /// Events (rows) per batch.
@@ -209,7 +208,8 @@ async fn teardown(env: &Env) {
 
 impl Env {
     async fn create_run(&self) -> String {
-        support::create_run(&self.http, &self.base, &self.key).await
+        let mut http = agent_stream::load::http::Conn::open(&self.base).await.expect("connect");
+        support::create_run(&mut http, &self.key).await
     }
 
     /// Scenario A: one batch over HTTP; the time of the request alone.

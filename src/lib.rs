@@ -15,6 +15,8 @@
 //!   mapping from [`error::Error`] to its wire format.
 //! - [`server`] — wiring: configuration, start-up (migrate, dev tenant), graceful stop.
 //! - [`alloc`] — the allocator the binary installs (mimalloc) and its settings.
+//! - [`load`] — the load tool, `agent-stream bench <scenario>` (BENCHMARKS.md), and
+//!   what the criterion benches share with it.
 //!
 //! # Data flow of an append
 //! HTTP body or GraphQL input → [`domain::input`] parses and checks each event →
@@ -33,6 +35,7 @@ pub mod export;
 pub mod graphql;
 pub mod http;
 pub mod live;
+pub mod load;
 pub mod metrics;
 pub mod projection;
 pub mod ratelimit;

@@ -153,6 +153,13 @@ enum Command {
     },
     /// Print the GraphQL schema (SDL).
     Schema,
+    /// Run one load scenario and print its table next to its raw-PostgreSQL baseline
+    /// (BENCHMARKS.md). Uses DATABASE_URL, else the local server on 127.0.0.1:5432.
+    Bench {
+        /// The scenario.
+        #[arg(value_parser = clap::builder::PossibleValuesParser::new(agent_stream::load::SCENARIOS))]
+        scenario: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -536,6 +543,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Schema => {
             print!("{}", agent_stream::graphql::sdl());
             Ok(())
+        }
+        Command::Bench { scenario } => {
+            // The scenarios measure a separate `serve` process: this same binary.
+            let me = std::env::current_exe()?;
+            agent_stream::load::run(&scenario, &me).await
         }
     }
 }

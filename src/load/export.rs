@@ -6,16 +6,18 @@
 //! and at its peak (VmHWM) while it streams. `EXPORT_EVENTS=200000` for a quicker run.
 //! Needs `psql` on the PATH.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agent_stream::auth::Scope;
-use agent_stream::storage::{db, tenants};
-use futures::StreamExt;
+use crate::auth::Scope;
+use crate::storage::{db, tenants};
+use http_body_util::BodyExt;
 
-use crate::support;
+use super::http::Conn;
+use super::support;
 
 /// Runs the scenario in `schema` and prints its table.
-pub async fn run(url: &str, schema: &str) {
+pub async fn run(bin: &Path, url: &str, schema: &str) {
     let n: i64 = std::env::var("EXPORT_EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
     let mut owner = db::connect_owner(url, schema).await.expect("owner");
     let key =
@@ -50,9 +52,9 @@ pub async fn run(url: &str, schema: &str) {
     );
     let mut best_copy = (0u64, Duration::MAX);
     let mut best_ours = (0u64, Duration::MAX);
-    let mut server = support::serve(url, schema, &[]).await;
+    let mut server = support::serve(bin, url, schema, &[]).await;
     let (pid, base) = (server.pid, server.base.clone());
-    let http = reqwest::Client::new();
+    let mut http = Conn::open(&base).await.expect("connect");
     let rss_before = support::status_kib(pid, "VmRSS:");
     for _ in 0..3 {
         let t = Instant::now();
@@ -69,19 +71,16 @@ pub async fn run(url: &str, schema: &str) {
         }
 
         let t = Instant::now();
-        let r = http
-            .get(format!("{base}/v1/runs/{run}/events.jsonl"))
-            .bearer_auth(&key.secret)
-            .send()
-            .await
-            .expect("export");
+        let path = format!("/v1/runs/{run}/events.jsonl");
+        let r = http.start(hyper::Method::GET, &path, Some(&key.secret), None).await.expect("export");
         assert!(r.status().is_success(), "{}", r.status());
-        let mut body = r.bytes_stream();
+        let mut body = r.into_body();
         let (mut bytes, mut lines) = (0u64, 0u64);
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.expect("chunk");
-            bytes += chunk.len() as u64;
-            lines += chunk.iter().filter(|b| **b == b'\n').count() as u64;
+        while let Some(frame) = body.frame().await {
+            if let Ok(chunk) = frame.expect("chunk").into_data() {
+                bytes += chunk.len() as u64;
+                lines += chunk.iter().filter(|b| **b == b'\n').count() as u64;
+            }
         }
         let took = t.elapsed();
         assert_eq!(lines as i64, n, "one line per event");

@@ -24,16 +24,18 @@
 //! first and is not reported. Issue 6's target: 4 producers × 1,000-event batches reach
 //! at least 0.60 of raw INSERT. About 2 min 40 s once built.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_stream::auth::Scope;
-use agent_stream::storage::{db, tenants};
+use crate::auth::Scope;
+use crate::storage::{db, tenants};
 use bytes::Bytes;
 use chrono::Utc;
 use serde_json::{json, Value};
 
-use crate::support;
+use super::http::Conn;
+use super::support;
 
 const PRODUCERS: [usize; 3] = [1, 4, 16];
 const BATCHES: [usize; 3] = [1, 100, 1_000];
@@ -66,8 +68,7 @@ impl Rows {
     fn new() -> Rows {
         let max = BATCHES.iter().copied().max().unwrap_or(1);
         let overhead = r#"{"type":"text.delta","payload":{"text":""}}"#.len();
-        let texts: Vec<String> =
-            (0..max).map(|i| agent_stream::testkit::prose(i, EVENT_BYTES - overhead)).collect();
+        let texts: Vec<String> = (0..max).map(|i| crate::testkit::prose(i, EVENT_BYTES - overhead)).collect();
         let payloads: Vec<Value> = texts.iter().map(|t| json!({"text": t})).collect();
         let copy_fields = payloads.iter().map(|p| p.to_string().replace('\\', "\\\\")).collect();
         let bodies = BATCHES
@@ -110,8 +111,9 @@ struct RawProducer {
     ids: u128,
 }
 
-/// One HTTP producer: its run and the last seq the service gave it.
+/// One HTTP producer: its connection, its run and the last seq the service gave it.
 struct HttpProducer {
+    http: Conn,
     run: String,
     last_seq: i64,
 }
@@ -147,7 +149,6 @@ struct Env {
     key: String,
     base: String,
     pid: u32,
-    http: reqwest::Client,
     rows: Arc<Rows>,
 }
 
@@ -221,8 +222,10 @@ impl RawProducer {
 }
 
 impl Env {
-    async fn create_run(&self) -> String {
-        support::create_run(&self.http, &self.base, &self.key).await
+    async fn producer(&self) -> HttpProducer {
+        let mut http = Conn::open(&self.base).await.expect("connect");
+        let run = support::create_run(&mut http, &self.key).await;
+        HttpProducer { http, run, last_seq: 0 }
     }
 
     /// Runs every raw producer until `SLICE` is over; producers come back for the next.
@@ -268,34 +271,28 @@ impl Env {
         let tasks: Vec<_> = producers
             .into_iter()
             .map(|mut p| {
-                let (http, key, body) = (self.http.clone(), self.key.clone(), body.clone());
-                let url = format!("{}/v1/runs/{}/events", self.base, p.run);
+                let (base, key, body) = (self.base.clone(), self.key.clone(), body.clone());
+                let path = format!("/v1/runs/{}/events", p.run);
                 tokio::spawn(async move {
                     let mut t = Tally::default();
                     while Instant::now() < deadline {
-                        let sent = http
-                            .post(&url)
-                            .bearer_auth(&key)
-                            .header("content-type", "application/json")
-                            .body(body.clone())
-                            .send()
-                            .await;
-                        let answer = match sent {
-                            Ok(r) => {
-                                let status = r.status();
-                                let text = r.text().await.unwrap_or_default();
-                                (status, text)
-                            }
+                        let answer = match p.http.post(&path, &key, body.clone()).await {
+                            Ok(r) => (r.status, r.text()),
                             Err(e) => {
                                 t.failed += 1;
                                 t.first_failure.get_or_insert_with(|| format!("request: {e}"));
+                                // The connection is gone: a new one for the next append.
+                                match Conn::open(&base).await {
+                                    Ok(c) => p.http = c,
+                                    Err(_) => break,
+                                }
                                 continue;
                             }
                         };
                         let v: Value = serde_json::from_str(&answer.1).unwrap_or(Value::Null);
                         let want = (p.last_seq + 1, p.last_seq + n as i64);
                         let got = (v["first_seq"].as_i64(), v["last_seq"].as_i64());
-                        if answer.0 == reqwest::StatusCode::CREATED && got == (Some(want.0), Some(want.1)) {
+                        if answer.0 == hyper::StatusCode::CREATED && got == (Some(want.0), Some(want.1)) {
                             t.rows += n as u64;
                             p.last_seq = want.1;
                         } else {
@@ -333,7 +330,7 @@ impl Env {
         }
         let mut web = Vec::with_capacity(producers);
         for _ in 0..producers {
-            web.push(HttpProducer { run: self.create_run().await, last_seq: 0 });
+            web.push(self.producer().await);
         }
         let mut sides = vec![Side::Insert, Side::Http];
         if n > 1 {
@@ -388,8 +385,8 @@ fn fmt_rate(r: f64) -> String {
     }
 }
 
-/// Runs the scenario in `schema` and prints its table.
-pub async fn run(url: &str, schema: &str) {
+/// Runs the scenario in `schema` against `bin serve` and prints its table.
+pub async fn run(bin: &Path, url: &str, schema: &str) {
     let mut owner = db::connect_owner(url, schema).await.expect("owner");
     let issued =
         tenants::create_tenant(&mut owner, "ingest", &[Scope::Read, Scope::Write]).await.expect("tenant");
@@ -400,7 +397,8 @@ pub async fn run(url: &str, schema: &str) {
         )
         .await
         .expect("baseline tables");
-    let mut server = support::serve(url, schema, &["--append-rate", "0", "--retention-interval", "0"]).await;
+    let mut server =
+        support::serve(bin, url, schema, &["--append-rate", "0", "--retention-interval", "0"]).await;
     let env = Env {
         url: url.to_owned(),
         schema: schema.to_owned(),
@@ -408,11 +406,6 @@ pub async fn run(url: &str, schema: &str) {
         key: issued.secret,
         base: server.base.clone(),
         pid: server.pid,
-        http: reqwest::Client::builder()
-            .pool_max_idle_per_host(PRODUCERS.iter().copied().max().unwrap_or(1))
-            .timeout(Duration::from_secs(60))
-            .build()
-            .expect("client"),
         rows: Arc::new(Rows::new()),
     };
     // Warm the server, its pool and PostgreSQL's caches; not reported.

@@ -12,15 +12,17 @@
 //! subscribers' joining reads, reported per subscriber, have stopped). The baseline, in the same
 //! run: bare NOTIFY → LISTEN latency between two connections.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_stream::auth::Scope;
-use agent_stream::storage::{db, tenants};
+use crate::auth::Scope;
+use crate::storage::{db, tenants};
 use serde_json::{json, Value};
 
-use crate::support::{self, SseReader};
+use super::http::Conn;
+use super::support::{self, SseReader};
 
 /// How subscribers connect.
 #[derive(Clone, Copy, PartialEq)]
@@ -105,7 +107,7 @@ async fn subscribe(
 /// One subscriber's connection.
 enum Sub {
     Sse(SseReader),
-    Ws(tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>),
+    Ws(Box<tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>>),
 }
 
 impl Sub {
@@ -134,7 +136,7 @@ impl Sub {
                     "query": "subscription($r: ID!) { runEvents(runId: $r) { seq } }",
                     "variables": {"r": run}}});
                 ws.send(Message::text(sub.to_string())).await.map_err(|e| e.to_string())?;
-                Ok(Sub::Ws(ws))
+                Ok(Sub::Ws(Box::new(ws)))
             }
         }
     }
@@ -169,17 +171,19 @@ impl Sub {
 /// for `secs`, then up to [`DRAIN`] for the backlog.
 async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, secs: u64) {
     let (pid, base) = (server.pid, server.base.clone());
-    let http = reqwest::Client::new();
-    let run = support::create_run(&http, &base, key).await;
+    let mut http = Conn::open(&base).await.expect("connect");
+    let mut watch = Conn::open(&base).await.expect("connect");
+    let run = support::create_run(&mut http, key).await;
+    let path = format!("/v1/runs/{run}/events");
     let body = json!([{"type": "run.lifecycle", "payload": {"state": "running"}}]);
-    http.post(format!("{base}/v1/runs/{run}/events")).bearer_auth(key).json(&body).send().await.unwrap();
+    let r = http.post(&path, key, body.to_string().into()).await.expect("append");
+    assert_eq!(r.status, 201, "{}", r.text());
     let t0 = Instant::now();
     let count = Arc::new(AtomicU64::new(0));
     let rss0 = support::status_kib(pid, "VmRSS:");
-    let metrics =
-        || async { http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap() };
+    let metrics = async |c: &mut Conn| c.get("/metrics", None).await.expect("metrics").text();
     let reads = |m: &str| support::metric(m, "agent_stream_live_reads_total");
-    let joined0 = reads(&metrics().await);
+    let joined0 = reads(&metrics(&mut watch).await);
     let (tasks, stop) = subscribe(how, &base, key, &run, n, t0, count.clone()).await;
     eprintln!("{} {n}: subscribed in {:.1} s", how.name(), t0.elapsed().as_secs_f64());
     // Settle: a subscriber that got seq 1 may still owe the read that finds it caught
@@ -188,12 +192,12 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
     // that finds it caught up) and reads have been still for a second. Stillness alone
     // was not enough at 10,000 WebSocket subscribers: their connections were too busy
     // to ask for the second read within a second.
-    let mut m0 = metrics().await;
+    let mut m0 = metrics(&mut watch).await;
     let joining = joined0 + 2.0 * n as f64;
     let (mut still, settle_until) = (0, Instant::now() + Duration::from_secs(60));
     while (still < 4 || reads(&m0) < joining) && Instant::now() < settle_until {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let m = metrics().await;
+        let m = metrics(&mut watch).await;
         still = if reads(&m) == reads(&m0) { still + 1 } else { 0 };
         m0 = m;
     }
@@ -219,10 +223,10 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
             (0..10).map(|i| json!({"type": "custom.tick", "payload": {"n": b * 10 + i}})).collect(),
         );
         let at = t0.elapsed().as_micros() as u64;
-        let r = http.post(format!("{base}/v1/runs/{run}/events")).bearer_auth(key).json(&body).send().await;
-        let r: Value = match r {
-            Ok(r) if r.status() == 201 => r.json().await.unwrap_or_default(),
-            other => panic!("append failed: {other:?}"),
+        let r: Value = match http.post(&path, key, body.to_string().into()).await {
+            Ok(r) if r.status == 201 => r.json(),
+            Ok(r) => panic!("append failed: {} {}", r.status, r.text()),
+            Err(e) => panic!("append failed: {e}"),
         };
         appends += 1;
         for seq in r["first_seq"].as_i64().unwrap_or(0)..=r["last_seq"].as_i64().unwrap_or(-1) {
@@ -238,7 +242,7 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (cpu, wall) = (support::cpu_secs(pid) - cpu0, wall0.elapsed().as_secs_f64());
-    let m1 = metrics().await;
+    let m1 = metrics(&mut watch).await;
     let _ = stop.send(true);
     eprintln!("{} {n}: drained after {:.1} s", how.name(), wall0.elapsed().as_secs_f64());
     let mut lat = vec![];
@@ -278,7 +282,7 @@ const DRAIN: Duration = Duration::from_secs(20);
 
 /// Runs the scenario in `schema` and prints its table. `FANOUT_SIZES=1,100` picks the
 /// subscriber counts (default 1, 100, 1000, 10000).
-pub async fn run(url: &str, schema: &str) {
+pub async fn run(bin: &Path, url: &str, schema: &str) {
     if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
         let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
     }
@@ -305,7 +309,7 @@ pub async fn run(url: &str, schema: &str) {
     for how in [Transport::Sse, Transport::Ws] {
         // A fresh server per transport, so one's freed memory does not hide the other's.
         let mut server =
-            support::serve(url, schema, &["--append-rate", "0", "--retention-interval", "0"]).await;
+            support::serve(bin, url, schema, &["--append-rate", "0", "--retention-interval", "0"]).await;
         for &n in &sizes {
             cell(how, &server, &key, n, if n >= 10_000 { 1 } else { 3 }).await;
         }

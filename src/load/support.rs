@@ -1,8 +1,10 @@
-//! Pieces the benches share: a separate `agent-stream serve` process to measure, its
-//! `/proc` readings, and percentiles. Each bench uses some of them.
-#![allow(dead_code)]
+//! Pieces the load tool and the criterion benches share: a separate `agent-stream
+//! serve` process to measure, its `/proc` readings, percentiles, a bare SSE reader and
+//! the bare NOTIFY → LISTEN baseline.
 
 use std::time::Duration;
+
+use super::http::Conn;
 
 /// A release `agent-stream serve` on a free port over `schema` of `url`.
 pub struct Server {
@@ -14,16 +16,15 @@ pub struct Server {
     pub base: String,
 }
 
-/// Starts the server with `extra` flags and waits until it answers `/healthz`.
-/// `AGENT_STREAM_BIN` runs another build of the binary (an A/B of two commits).
-pub async fn serve(url: &str, schema: &str, extra: &[&str]) -> Server {
+/// Starts `bin serve` with `extra` flags and waits until it answers `/healthz`.
+/// `AGENT_STREAM_BIN` runs another build of the binary instead (an A/B of two commits).
+pub async fn serve(bin: &std::path::Path, url: &str, schema: &str, extra: &[&str]) -> Server {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .expect("port");
-    let bin =
-        std::env::var("AGENT_STREAM_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_agent-stream").to_owned());
-    let child = tokio::process::Command::new(bin)
+        .expect("a free port");
+    let bin = std::env::var_os("AGENT_STREAM_BIN").map_or_else(|| bin.to_owned(), std::path::PathBuf::from);
+    let child = tokio::process::Command::new(&bin)
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--schema", schema])
         .args(extra)
         .env("DATABASE_URL", url)
@@ -31,13 +32,14 @@ pub async fn serve(url: &str, schema: &str, extra: &[&str]) -> Server {
         .stdout(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .expect("serve");
+        .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
     let pid = child.id().expect("pid");
     let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
     for _ in 0..200 {
-        if http.get(format!("{base}/healthz")).send().await.is_ok() {
-            break;
+        if let Ok(mut c) = Conn::open(&base).await {
+            if c.get("/healthz", None).await.is_ok_and(|a| a.status.is_success()) {
+                break;
+            }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -62,11 +64,10 @@ pub async fn copy_in(c: &tokio_postgres::Client, sql: &str, data: String) -> u64
 }
 
 /// Creates a run over HTTP (`POST /v1/runs`), checks the 201 and returns its id.
-pub async fn create_run(http: &reqwest::Client, base: &str, key: &str) -> String {
-    let r = http.post(format!("{base}/v1/runs")).bearer_auth(key).send().await.expect("create run");
-    assert_eq!(r.status(), reqwest::StatusCode::CREATED, "create run");
-    let v: serde_json::Value = r.json().await.expect("run json");
-    v["run_id"].as_str().expect("run_id").to_owned()
+pub async fn create_run(http: &mut Conn, key: &str) -> String {
+    let r = http.send(hyper::Method::POST, "/v1/runs", Some(key), None).await.expect("create run");
+    assert_eq!(r.status, hyper::StatusCode::CREATED, "create run: {}", r.text());
+    r.json()["run_id"].as_str().expect("run_id").to_owned()
 }
 
 /// A `kB` field of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`), in KiB.
@@ -260,11 +261,11 @@ pub async fn bare_notify(url: &str, n: usize, spacing: Duration) -> Vec<f64> {
 pub const FOLD_MIXES: [(&str, u32); 2] = [("chatty", 85), ("mixed", 0)];
 
 /// A stored generated run of `n` events with `delta_pct` percent deltas (fixed seed).
-pub fn fold_log(n: usize, delta_pct: u32) -> Vec<agent_stream::domain::Event> {
-    agent_stream::testkit::stored(&agent_stream::testkit::generated_run_mix(42, n, delta_pct))
+pub fn fold_log(n: usize, delta_pct: u32) -> Vec<crate::domain::Event> {
+    crate::testkit::stored(&crate::testkit::generated_run_mix(42, n, delta_pct))
 }
 
 /// The fold's floor: a loop that only touches every event (a match on its type).
-pub fn touch(events: &[agent_stream::domain::Event]) -> usize {
-    events.iter().filter(|e| matches!(e.body, agent_stream::domain::EventBody::TextDelta(_))).count()
+pub fn touch(events: &[crate::domain::Event]) -> usize {
+    events.iter().filter(|e| matches!(e.body, crate::domain::EventBody::TextDelta(_))).count()
 }

@@ -7,9 +7,9 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use agent_stream::projection::RunView;
+use crate::projection::RunView;
 
-use crate::support;
+use super::support;
 
 const EVENTS: usize = 1_000_000;
 const ROUNDS: usize = 9;
@@ -49,7 +49,7 @@ pub fn run() {
 }
 
 /// Events per second of one timed call of `f`.
-fn rate(events: &[agent_stream::domain::Event], f: impl FnOnce()) -> f64 {
+fn rate(events: &[crate::domain::Event], f: impl FnOnce()) -> f64 {
     let t = Instant::now();
     f();
     events.len() as f64 / t.elapsed().max(Duration::from_nanos(1)).as_secs_f64()

@@ -6,15 +6,17 @@
 //! apart from the producers'; the rows it stored are counted in SQL after each run and
 //! must equal the appends answered 201.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_stream::auth::Scope;
-use agent_stream::storage::{db, tenants};
+use crate::auth::Scope;
+use crate::storage::{db, tenants};
 use serde_json::json;
 
-use crate::support;
+use super::http::Conn;
+use super::support;
 
 const SECS: u64 = 5;
 const PRODUCERS: usize = 64;
@@ -69,44 +71,54 @@ struct Service {
 
 /// 64 producers against a separate `agent-stream serve` with `lanes` group-commit lanes
 /// (0: one transaction per append). Checks in SQL that the rows stored equal the 201s.
-async fn service_appends(url: &str, schema: &str, lanes: usize) -> Service {
+async fn service_appends(bin: &Path, url: &str, schema: &str, lanes: usize) -> Service {
     let mut owner = db::connect_owner(url, schema).await.expect("owner");
     let issued = tenants::create_tenant(&mut owner, &format!("load{lanes}"), &[Scope::Read, Scope::Write])
         .await
         .expect("tenant");
     let key = issued.secret;
     let server = support::serve(
+        bin,
         url,
         schema,
         &["--append-rate", "0", "--retention-interval", "0", "--group-commit-lanes", &lanes.to_string()],
     )
     .await;
     let base = server.base.clone();
-    let http = reqwest::Client::builder().pool_max_idle_per_host(PRODUCERS).build().expect("client");
+    let mut http = Conn::open(&base).await.expect("connect");
     let mut runs = vec![];
     for _ in 0..PRODUCERS {
-        runs.push(support::create_run(&http, &base, &key).await);
+        runs.push(support::create_run(&mut http, &key).await);
     }
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let metrics = || async {
-        http.get(format!("{base}/metrics")).send().await.expect("metrics").text().await.expect("text")
+    let groups = async |http: &mut Conn| {
+        let m = http.get("/metrics", None).await.expect("metrics").text();
+        support::metric(&m, "agent_stream_commit_groups_total")
     };
-    let groups_before = support::metric(&metrics().await, "agent_stream_commit_groups_total");
+    let groups_before = groups(&mut http).await;
     let cpu0 = support::cpu_secs(server.pid);
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs(SECS);
     let mut tasks = vec![];
     for run in runs {
-        let (http, base, key, ok, failed) =
-            (http.clone(), base.clone(), key.clone(), ok.clone(), failed.clone());
+        let (base, key, ok, failed) = (base.clone(), key.clone(), ok.clone(), failed.clone());
         tasks.push(tokio::spawn(async move {
+            let mut http = Conn::open(&base).await.expect("connect");
+            let path = format!("/v1/runs/{run}/events");
             let mut n = 0u64;
             while Instant::now() < deadline {
                 n += 1;
                 let body = json!([{"type": "text.delta", "payload": {"text": format!("token {n} lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod")}}]);
-                let r = http.post(format!("{base}/v1/runs/{run}/events")).bearer_auth(&key).json(&body).send().await;
-                let counter = if r.is_ok_and(|r| r.status() == 201) { &ok } else { &failed };
+                let r = http.post(&path, &key, body.to_string().into()).await;
+                let counter = if r.as_ref().is_ok_and(|r| r.status == 201) { &ok } else { &failed };
                 counter.fetch_add(1, Ordering::Relaxed);
+                if r.is_err() {
+                    // The connection is gone: a new one for the next append.
+                    match Conn::open(&base).await {
+                        Ok(c) => http = c,
+                        Err(_) => break,
+                    }
+                }
             }
         }));
     }
@@ -115,7 +127,7 @@ async fn service_appends(url: &str, schema: &str, lanes: usize) -> Service {
     }
     let secs = t0.elapsed().as_secs_f64();
     let cpu = (support::cpu_secs(server.pid) - cpu0) / secs;
-    let groups = support::metric(&metrics().await, "agent_stream_commit_groups_total") - groups_before;
+    let groups = groups(&mut http).await - groups_before;
     let appends = ok.load(Ordering::Relaxed);
     let stored: i64 = owner
         .query_one("SELECT count(*) FROM agent_run_events WHERE tenant_id = $1", &[&issued.tenant_id])
@@ -132,13 +144,13 @@ async fn service_appends(url: &str, schema: &str, lanes: usize) -> Service {
     }
 }
 
-/// Runs the scenario in `schema` and prints its table.
-pub async fn run(url: &str, schema: &str) {
+/// Runs the scenario in `schema` against `bin serve` and prints its table.
+pub async fn run(bin: &Path, url: &str, schema: &str) {
     let raw16 = raw_inserts(url, schema, 16).await;
     let raw64 = raw_inserts(url, schema, 64).await;
     let lanes = std::env::var("INGEST_LANES").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
-    let grouped = service_appends(url, schema, lanes).await;
-    let alone = service_appends(url, schema, 0).await;
+    let grouped = service_appends(bin, url, schema, lanes).await;
+    let alone = service_appends(bin, url, schema, 0).await;
     println!("| ingest-single ({SECS} s each) | rows/s | vs raw, 16 clients | server CPU (cores) | failed |");
     println!("|---|---|---|---|---|");
     println!("| raw single-row autocommit INSERT, 16 clients (baseline) | {raw16:.0} | 1.00 | - | - |");

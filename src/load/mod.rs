@@ -1,0 +1,60 @@
+//! The load tool (issue 6), `agent-stream bench <scenario>`: one scenario per run, each
+//! printing one table next to its baseline measured in the same run on the same
+//! machine. It is part of the service's binary so that it needs no build of its own:
+//! the release build that `cargo run --release -- serve` makes is the one measured.
+//!
+//! Scenarios: `ingest`, `ingest-single`, `fanout`, `export`, `fold`; each module's doc
+//! says what it measures and against what. The ones that need PostgreSQL find it like
+//! the tests do (`DATABASE_URL`, else 127.0.0.1:5432), work in a schema of their own
+//! (dropped at the end) and measure a separate `agent-stream serve` process started from
+//! this same binary, so its CPU and memory are read apart from the load generator's.
+//! BENCHMARKS.md keeps the latest tables. [`support`] also serves the criterion benches.
+
+mod export;
+mod fanout;
+mod fold;
+pub mod http;
+mod ingest;
+mod ingest_single;
+pub mod support;
+
+use std::path::Path;
+
+use crate::storage::{db, migrate};
+
+/// The scenarios, by name.
+pub const SCENARIOS: [&str; 5] = ["ingest", "ingest-single", "fanout", "export", "fold"];
+
+/// Where the scenarios look for PostgreSQL when `DATABASE_URL` is unset.
+const LOCAL: &str = "host=127.0.0.1 port=5432 user=postgres dbname=test";
+
+/// Runs `scenario` (one of [`SCENARIOS`]), measuring `bin serve` where it needs a
+/// server, and prints its table.
+pub async fn run(scenario: &str, bin: &Path) -> anyhow::Result<()> {
+    if !SCENARIOS.contains(&scenario) {
+        anyhow::bail!("unknown scenario `{scenario}`; known: {}", SCENARIOS.join(", "));
+    }
+    println!("date: {}", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    if scenario == "fold" {
+        fold::run();
+        return Ok(());
+    }
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| LOCAL.to_owned());
+    if let Err(e) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+        anyhow::bail!(
+            "scenario `{scenario}` needs PostgreSQL, and none answered at {url} ({e}); \
+             set DATABASE_URL to one (a superuser: the scenario creates a schema and roles)"
+        );
+    }
+    let schema = format!("bench_load_{}", std::process::id());
+    migrate::migrate(&url, &schema).await?;
+    match scenario {
+        "ingest" => ingest::run(bin, &url, &schema).await,
+        "ingest-single" => ingest_single::run(bin, &url, &schema).await,
+        "fanout" => fanout::run(bin, &url, &schema).await,
+        _ => export::run(bin, &url, &schema).await,
+    }
+    let owner = db::connect_owner(&url, &schema).await?;
+    owner.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")).await?;
+    Ok(())
+}

@@ -62,24 +62,30 @@ impl Report {
 /// Runs per deleting transaction.
 const BATCH: i64 = 200;
 
-/// Up to `limit` expired runs without sub-runs, oldest first.
+/// Up to `limit` expired runs without sub-runs, oldest first, counting the runs in
+/// `gone` (tenant ids and run ids, side by side) as deleted already.
 async fn expired<C: tokio_postgres::GenericClient>(
     c: &C,
     policy: Policy,
     limit: i64,
+    gone: (&[String], &[String]),
 ) -> Result<Vec<Expired>> {
     let rows = c
         .query(
-            "SELECT r.tenant_id, r.run_id, r.state, r.ended_at, r.last_seq
+            "WITH gone AS (SELECT * FROM unnest($4::text[], $5::text[]) AS g(tenant_id, run_id))
+             SELECT r.tenant_id, r.run_id, r.state, r.ended_at, r.last_seq
              FROM runs r JOIN tenants t ON t.tenant_id = r.tenant_id
              WHERE r.ended_at IS NOT NULL
                AND ((r.state = 'done'
                      AND r.ended_at < now() - make_interval(days => coalesce(t.retention_done_days, $1)))
                  OR (r.state IN ('aborted', 'error')
                      AND r.ended_at < now() - make_interval(days => coalesce(t.retention_failed_days, $2))))
-               AND NOT EXISTS (SELECT 1 FROM runs c WHERE c.tenant_id = r.tenant_id AND c.parent_run_id = r.run_id)
+               AND NOT EXISTS (SELECT 1 FROM gone g WHERE g.tenant_id = r.tenant_id AND g.run_id = r.run_id)
+               AND NOT EXISTS (SELECT 1 FROM runs c WHERE c.tenant_id = r.tenant_id AND c.parent_run_id = r.run_id
+                               AND NOT EXISTS (SELECT 1 FROM gone g
+                                               WHERE g.tenant_id = c.tenant_id AND g.run_id = c.run_id))
              ORDER BY r.ended_at LIMIT $3",
-            &[&policy.done_days, &policy.failed_days, &limit],
+            &[&policy.done_days, &policy.failed_days, &limit, &gone.0, &gone.1],
         )
         .await?;
     Ok(rows
@@ -94,17 +100,27 @@ async fn expired<C: tokio_postgres::GenericClient>(
         .collect())
 }
 
-/// Deletes every expired run (or, with `dry_run`, lists the runs a sweep would delete
-/// first: sub-runs before their parents, so parents show up on a later sweep).
+/// Deletes every expired run, sub-runs before their parents, so a parent goes in the
+/// same sweep once its sub-runs are gone. With `dry_run`, deletes nothing and lists
+/// exactly the runs the sweep would delete, parents included.
 pub async fn sweep(c: &mut Client, policy: Policy, dry_run: bool) -> Result<Report> {
     let mut report = Report { runs: vec![], dry_run };
     if dry_run {
-        report.runs = expired(c, policy, i64::MAX).await?;
-        return Ok(report);
+        // Round by round, as the sweep would, taking each round's runs as deleted.
+        let (mut tenants, mut runs) = (vec![], vec![]);
+        loop {
+            let round = expired(c, policy, i64::MAX, (&tenants, &runs)).await?;
+            if round.is_empty() {
+                return Ok(report);
+            }
+            tenants.extend(round.iter().map(|e| e.tenant_id.clone()));
+            runs.extend(round.iter().map(|e| e.run_id.clone()));
+            report.runs.extend(round);
+        }
     }
     loop {
         let tx = c.transaction().await?;
-        let batch = expired(&tx, policy, BATCH).await?;
+        let batch = expired(&tx, policy, BATCH, (&[], &[])).await?;
         if batch.is_empty() {
             tx.commit().await?;
             break;

@@ -142,7 +142,7 @@ async fn appends_over_the_tenant_rate_get_429_with_retry_after() {
 
 /// Retention deletes whole finished runs past their time (done 90 days, aborted/error
 /// 30, per-tenant overrides), sub-runs before parents, and nothing else; a dry run
-/// deletes nothing.
+/// deletes nothing and lists exactly what the sweep then deletes.
 #[tokio::test]
 async fn retention_deletes_whole_expired_runs_and_only_those() {
     use agent_stream::storage::retention::{set_override, sweep, Policy};
@@ -190,6 +190,11 @@ async fn retention_deletes_whole_expired_runs_and_only_those() {
     let parent = finished(&t, &t.key_a, "done", None).await;
     let child = finished(&t, &t.key_a, "done", Some(&parent)).await;
     let b_old_done = finished(&t, &t.key_b, "done", None).await;
+    // A parent past its time with a sub-run that is not: both stay.
+    let kept_parent = finished(&t, &t.key_a, "done", None).await;
+    let young_child = finished(&t, &t.key_a, "done", Some(&kept_parent)).await;
+    age(&owner, kept_parent.clone(), 100).await;
+    age(&owner, young_child.clone(), 10).await;
     age(&owner, old_done.clone(), 100).await;
     age(&owner, young_done.clone(), 10).await;
     age(&owner, old_aborted.clone(), 31).await;
@@ -202,9 +207,11 @@ async fn retention_deletes_whole_expired_runs_and_only_those() {
     let dry = sweep(&mut owner, Policy::default(), true).await.expect("dry run");
     let mut due: Vec<String> = dry.runs.iter().map(|r| r.run_id.clone()).collect();
     due.sort();
-    let mut want = vec![old_done.clone(), old_aborted.clone(), child.clone()];
+    let mut want = vec![old_done.clone(), old_aborted.clone(), child.clone(), parent.clone()];
     want.sort();
-    assert_eq!(due, want, "due first: expired runs without sub-runs");
+    assert_eq!(due, want, "exactly what the sweep deletes, the parent of an expired sub-run too");
+    let at = |r: &str| dry.runs.iter().position(|e| e.run_id == r);
+    assert!(at(&child) < at(&parent), "the sub-run before its parent");
     async fn stored(t: &TestApp, run: &str) -> i64 {
         t.stored_count(&t.tenant_a, run).await + t.stored_count(&t.tenant_b, run).await
     }
@@ -221,7 +228,8 @@ async fn retention_deletes_whole_expired_runs_and_only_those() {
         let r = t.http.get(format!("{}/v1/runs/{run}", t.base)).bearer_auth(&t.key_a).send().await.unwrap();
         assert_eq!(r.status(), StatusCode::NOT_FOUND);
     }
-    for run in [&young_done, &mid_error, &running] {
+    assert_eq!(deleted, due, "the dry run listed exactly these");
+    for run in [&young_done, &mid_error, &running, &kept_parent, &young_child] {
         assert!(stored(&t, run).await > 0, "{run} is kept");
     }
     assert_eq!(t.stored_count(&t.tenant_b, &b_old_done).await, 3, "tenant b keeps done runs for 365 days");

@@ -175,16 +175,7 @@ impl TestApp {
 
     /// [`TestApp::append_ok`] against another server (`base`) on the same schema.
     pub async fn append_ok_at(&self, base: &str, key: &str, run: &str, events: Value) -> (i64, i64) {
-        let r = self
-            .http
-            .post(format!("{base}/v1/runs/{run}/events"))
-            .bearer_auth(key)
-            .json(&events)
-            .send()
-            .await
-            .expect("append");
-        let status = r.status();
-        let v: Value = r.json().await.expect("json");
+        let (status, v) = self.append_at(base, key, run, &events).await;
         assert!(status.is_success(), "append failed: {status} {v}");
         (v["first_seq"].as_i64().expect("first"), v["last_seq"].as_i64().expect("last"))
     }
@@ -212,9 +203,14 @@ impl TestApp {
 
     /// `POST /v1/runs/{run}/events` with a JSON body; returns status and body.
     pub async fn append(&self, key: &str, run: &str, body: &Value) -> (StatusCode, Value) {
+        self.append_at(&self.base, key, run, body).await
+    }
+
+    /// [`TestApp::append`] against another server (`base`) on the same schema.
+    pub async fn append_at(&self, base: &str, key: &str, run: &str, body: &Value) -> (StatusCode, Value) {
         let r = self
             .http
-            .post(format!("{}/v1/runs/{run}/events", self.base))
+            .post(format!("{base}/v1/runs/{run}/events"))
             .bearer_auth(key)
             .json(body)
             .send()

@@ -7,6 +7,7 @@ mod embedded;
 mod faults;
 mod graphql;
 mod hostile;
+mod in_doubt;
 mod jsonl;
 mod live;
 mod migrations;

@@ -256,11 +256,11 @@ async fn run_group(
     build(c, tenant, runs, slots, &locked, jobs).await
 }
 
-/// With the group's runs locked (`rows`), answers retries, validates each append on its
-/// own, writes the accepted ones' rows and commits; returns each append's answer, in
-/// order.
+/// With the group's runs locked (`rows`) in the transaction open on `c`, answers
+/// retries, validates each append on its own, writes the accepted ones' rows and
+/// commits; returns each append's answer, in order.
 async fn build(
-    tx: &deadpool_postgres::Client,
+    c: &deadpool_postgres::Client,
     tenant: &str,
     runs: &[String],
     slots: &[tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
@@ -279,7 +279,7 @@ async fn build(
             .map_err(|_| Error::Internal(anyhow::anyhow!("locked a run that was not asked for")))?;
         let guard = match slots[i].as_ref() {
             Some(g) if g.last_seq() == last_seq => g.clone(),
-            _ => rebuild_guard(tx, tenant, &run_id).await?,
+            _ => rebuild_guard(c, tenant, &run_id).await?,
         };
         if guard.last_seq() != last_seq {
             return Err(Error::Internal(anyhow::anyhow!(
@@ -302,7 +302,7 @@ async fn build(
             continue;
         };
         let events = &job.batch.events;
-        match replay_if_retry(tx, tenant, &job.run_id, events).await {
+        match replay_if_retry(c, tenant, &job.run_id, events).await {
             Ok(Some(outcome)) => {
                 results.push(Ok(outcome));
                 continue;
@@ -362,7 +362,7 @@ async fn build(
     }
     if !r_seq.is_empty() {
         // Payloads as text, cast per row: see the single-append statement.
-        let insert = tx
+        let insert = c
             .prepare_cached(
                 "INSERT INTO agent_run_events
                      (tenant_id, run_id, seq, id, ts, type, child_id, payload, idempotency_key, message_id)
@@ -382,7 +382,7 @@ async fn build(
             u_state.push(st.map(|x| x.as_str().to_owned()));
             u_ended.push(st.filter(|x| x.is_terminal() && s.before != st).map(|_| now));
         }
-        let update = tx
+        let update = c
             .prepare_cached(
                 "UPDATE runs r SET last_seq = u.last_seq, last_event_id = u.last_id, state = u.state,
                         updated_at = $2, ended_at = COALESCE(u.ended_at, r.ended_at)
@@ -399,9 +399,9 @@ async fn build(
         // One round trip for the three. A failed INSERT or UPDATE turns the COMMIT into
         // a rollback, so nothing of the group is stored; their errors say so.
         let (inserted, updated, committed) = futures::join!(
-            tx.execute(&insert, &rows),
-            tx.execute(&update, &run_rows),
-            tx.batch_execute("COMMIT")
+            c.execute(&insert, &rows),
+            c.execute(&update, &run_rows),
+            c.batch_execute("COMMIT")
         );
         match committed {
             // No answer to the COMMIT: the group may be stored; its last row tells.
@@ -418,7 +418,7 @@ async fn build(
         }
     } else {
         // Nothing to write (retries and refusals only): end the transaction.
-        tx.batch_execute("COMMIT").await?;
+        c.batch_execute("COMMIT").await?;
     }
     Ok((results, state))
 }

@@ -2,7 +2,9 @@
 //! the connection that sends COMMIT, either just after passing it on (the server
 //! commits, the service never hears) or just before (the server never sees it). An
 //! append must then be answered as what really happened, and stored exactly once or
-//! not at all: never twice, as when a committed group used to be redone.
+//! not at all: never twice, as when a committed group used to be redone. When the
+//! database also stays unreachable, the answer must say the outcome is unknown and how
+//! to learn it: a retry with the same idempotency keys.
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,6 +22,9 @@ const OFF: u8 = 0;
 const AFTER: u8 = 1;
 /// Cut instead of passing COMMIT on: the transaction rolls back.
 const BEFORE: u8 = 2;
+/// As `AFTER`, and then the database is unreachable: every connection through the
+/// proxy closes and new ones are refused until [`CommitCutter::up`].
+const AFTER_THEN_DOWN: u8 = 3;
 
 trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
@@ -31,6 +36,8 @@ struct CommitCutter {
     url: String,
     mode: Arc<AtomicU8>,
     cuts: Arc<AtomicUsize>,
+    /// True while the database is "down"; its receivers end every relay.
+    down: tokio::sync::watch::Sender<bool>,
 }
 
 impl CommitCutter {
@@ -46,9 +53,13 @@ impl CommitCutter {
             cfg.get_dbname().unwrap_or("postgres"),
         );
         let (mode, cuts) = (Arc::new(AtomicU8::new(OFF)), Arc::new(AtomicUsize::new(0)));
-        let (m, c) = (mode.clone(), cuts.clone());
+        let down = tokio::sync::watch::Sender::new(false);
+        let (m, c, d) = (mode.clone(), cuts.clone(), down.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                if *d.borrow() {
+                    continue;
+                }
                 let upstream: Box<dyn Stream> = match &host {
                     tokio_postgres::config::Host::Tcp(h) => {
                         Box::new(tokio::net::TcpStream::connect((h.as_str(), port)).await.expect("upstream"))
@@ -59,14 +70,29 @@ impl CommitCutter {
                             .expect("upstream"),
                     ),
                 };
-                tokio::spawn(relay(client, upstream, m.clone(), c.clone()));
+                tokio::spawn(relay(client, upstream, m.clone(), c.clone(), d.clone()));
             }
         });
-        CommitCutter { url, mode, cuts }
+        CommitCutter { url, mode, cuts, down }
     }
 
     fn arm(&self, mode: u8) {
         self.mode.store(mode, Ordering::SeqCst);
+    }
+
+    /// Connections cut so far, counted once the server has closed its side (so what
+    /// it was sent has been read and acted on); waits up to 10 s for the first.
+    async fn cuts(&self) -> usize {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.cuts.load(Ordering::SeqCst) == 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        self.cuts.load(Ordering::SeqCst)
+    }
+
+    /// The database is reachable again.
+    fn up(&self) {
+        self.down.send_replace(false);
     }
 }
 
@@ -76,16 +102,37 @@ async fn relay(
     upstream: Box<dyn Stream>,
     mode: Arc<AtomicU8>,
     cuts: Arc<AtomicUsize>,
+    down: tokio::sync::watch::Sender<bool>,
 ) {
-    let (mut from_client, mut to_client) = client.into_split();
+    let mut is_down = down.subscribe();
+    let (mut from_client, to_client) = client.into_split();
     let (mut from_server, mut to_server) = tokio::io::split(upstream);
+    // The server's side is read to its end even after a cut, so the proxy never closes
+    // it with data unread (a reset, which could discard the COMMIT before the server
+    // reads it); after a cut what it says is dropped and the client's socket closed.
+    let (cut_tx, cut_rx) = tokio::sync::watch::channel(false);
     let back = tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+        let mut to_client = Some(to_client);
+        let mut chunk = vec![0u8; 64 * 1024];
+        while let Ok(n @ 1..) = from_server.read(&mut chunk).await {
+            if *cut_rx.borrow() {
+                to_client = None;
+            }
+            if let Some(w) = to_client.as_mut() {
+                if w.write_all(&chunk[..n]).await.is_err() {
+                    to_client = None;
+                }
+            }
+        }
     });
     let (mut buf, mut started) = (Vec::<u8>::new(), false);
     let mut chunk = vec![0u8; 64 * 1024];
     loop {
-        let n = match from_client.read(&mut chunk).await {
+        let read = tokio::select! {
+            r = from_client.read(&mut chunk) => r,
+            _ = is_down.wait_for(|d| *d) => break,
+        };
+        let n = match read {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
@@ -108,22 +155,30 @@ async fn relay(
             } else if rest[0] == b'Q' && rest[5..].starts_with(b"COMMIT") {
                 let armed = mode.swap(OFF, Ordering::SeqCst);
                 if armed != OFF {
-                    cut = Some(if armed == AFTER { at + len } else { at });
+                    cut = Some(if armed == BEFORE { at } else { at + len });
+                    if armed == AFTER_THEN_DOWN {
+                        down.send_replace(true);
+                    }
                     break;
                 }
             }
             at += len;
         }
         let upto = cut.unwrap_or(at);
+        if cut.is_some() {
+            cut_tx.send_replace(true);
+        }
         if to_server.write_all(&buf[..upto]).await.is_err() {
             break;
         }
         if cut.is_some() {
-            cuts.fetch_add(1, Ordering::SeqCst);
-            // The client hears nothing more; the server gets end of file after what it
-            // was sent, as when a network path dies.
-            back.abort();
+            // The client hears nothing more; the server reads what it was sent, then the
+            // end of the connection, as when a network path dies.
             let _ = to_server.shutdown().await;
+            drop(from_client);
+            cut_tx.send_replace(true);
+            let _ = back.await;
+            cuts.fetch_add(1, Ordering::SeqCst);
             return;
         }
         buf.drain(..upto);
@@ -147,7 +202,7 @@ async fn case(t: &TestApp, lanes: usize, mode: u8) -> (StatusCode, Value, i64) {
     let one = json!([{"type": "custom.tick", "payload": {"n": 1}}]);
     proxy.arm(mode);
     let (status, body) = t.append_at(&base, &t.key_a, &run, &one).await;
-    assert_eq!(proxy.cuts.load(Ordering::SeqCst), 1, "the proxy cut the COMMIT (lanes {lanes}, mode {mode})");
+    assert_eq!(proxy.cuts().await, 1, "the proxy cut the COMMIT (lanes {lanes}, mode {mode})");
     let stored = t.stored_count(&t.tenant_a, &run).await;
     // The run goes on from what is stored, through the same app.
     let (next, body2) = t.append_at(&base, &t.key_a, &run, &one).await;
@@ -179,4 +234,41 @@ async fn a_commit_that_never_arrived_stores_nothing_twice() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["error"]["code"], "SERVICE-UNAVAILABLE", "{body}");
     assert_eq!(stored, 0);
+}
+
+/// The connection breaks after COMMIT went out and the database stays unreachable, so
+/// the service cannot learn what happened: it says so (503, retry with the same keys),
+/// and the retry, once the database is back, finds the append stored: `replayed`.
+#[tokio::test]
+async fn an_unknown_outcome_says_so_and_a_keyed_retry_finds_it() {
+    let t = TestApp::new().await;
+    for lanes in [4, 0] {
+        let proxy = CommitCutter::start(&t.db.url).await;
+        let pool =
+            Db::new(&DbConfig { url: proxy.url.clone(), schema: t.db.schema.clone(), max_connections: 4 })
+                .expect("pool");
+        let app = App::new(pool, Settings { group_commit_lanes: lanes, ..Settings::default() });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let router = agent_stream::http::router(app);
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        let run = t.create_run(&t.key_a).await;
+        let keyed = json!([{"type": "custom.tick", "payload": {"n": 1}, "key": "tick-1"}]);
+        proxy.arm(AFTER_THEN_DOWN);
+        let (status, body) = t.append_at(&base, &t.key_a, &run, &keyed).await;
+        assert_eq!(proxy.cuts().await, 1, "lanes {lanes}: the proxy cut the COMMIT");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "lanes {lanes}: {body}");
+        assert_eq!(body["error"]["code"], "SERVICE-UNAVAILABLE", "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("same idempotency keys"),
+            "lanes {lanes}: the answer says what to do: {body}"
+        );
+        assert_eq!(t.stored_count(&t.tenant_a, &run).await, 1, "the commit did go through");
+        proxy.up();
+        let (status, body) = t.append_at(&base, &t.key_a, &run, &keyed).await;
+        assert_eq!(status, StatusCode::OK, "lanes {lanes}: {body}");
+        assert_eq!(body["replayed"], true, "lanes {lanes}: the retry finds the stored append: {body}");
+        assert_eq!(t.stored_count(&t.tenant_a, &run).await, 1, "still once");
+    }
 }

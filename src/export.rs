@@ -2,10 +2,10 @@
 //! streamed from PostgreSQL with constant memory.
 //!
 //! Rows are read through the one read path (`storage::events`) inside one
-//! tenant-scoped transaction and written in chunks of [`CHUNK`] bytes to a bounded
+//! tenant-scoped transaction and written in chunks of 64 KiB (`CHUNK`) to a bounded
 //! channel, so a slow reader slows the query instead of filling memory. Native lines
 //! are the stored envelope with the payload passed through as stored; other dialects
-//! fold and encode every event of the range through [`Encoding`], so an export in any
+//! fold and encode every event of the range through [`Encoding`](crate::dialect::Encoding), so an export in any
 //! dialect is the same items the stream sends.
 
 use bytes::Bytes;

@@ -6,7 +6,7 @@
 //!   ([`domain::input`]) and the append-side state machine ([`domain::guard`]). Pure code.
 //! - [`storage`] — Postgres: the pool that runs as a non-owner role under row-level
 //!   security ([`storage::db`]), migrations from `sql/` ([`storage::migrate`]), tenants
-//!   and keys, runs, the append path ([`storage::append`]) and the one read path
+//!   and keys, runs, the append path ([`storage::append`](mod@storage::append)) and the one read path
 //!   ([`storage::events`]); plus the private cluster of the embedded default
 //!   ([`storage::embedded`]).
 //! - [`app`] — the operations every transport shares (authenticate, create run, append,
@@ -20,7 +20,7 @@
 //!
 //! # Data flow of an append
 //! HTTP body or GraphQL input → [`domain::input`] parses and checks each event →
-//! [`app::App::append`] checks the key's scope → [`storage::append`] locks the run row,
+//! [`app::App::append`] checks the key's scope → [`storage::append`](fn@storage::append) locks the run row,
 //! answers idempotent retries, checks `expected_last_seq`, runs the batch through the
 //! run's [`domain::RunGuard`], inserts the rows and commits. Nothing is stored unless
 //! every event passed.

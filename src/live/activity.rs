@@ -2,7 +2,7 @@
 //!
 //! Every committed write already bumps the tenant's wake-up in the [`Hub`](super::Hub)
 //! (locally and through the listener from other processes). On a wake-up, at most
-//! every [`MIN_GAP`], the stream reads the tenant's run rows changed since its last
+//! every 100 ms (`MIN_GAP`), the stream reads the tenant's run rows changed since its last
 //! read, with an overlap for transactions that stamped `updated_at` before committing,
 //! and reports runs that are new or whose state moved. The rows are the truth, so a
 //! lost wake-up costs at most one safety-poll interval.

@@ -1,6 +1,6 @@
 //! Projections: the one reducer ([`RunView::apply`]) and the view shapes every surface
 //! serves. GraphQL queries, subscriptions, SSE, JSONL and the analysts' SQL views all
-//! agree with this fold; [`updates`] turns what each event changed into view updates.
+//! agree with this fold; [`updates`](fn@updates) turns what each event changed into view updates.
 
 mod reduce;
 pub mod updates;

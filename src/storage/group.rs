@@ -5,7 +5,7 @@
 //! in one lane. A lane takes whatever is queued (up to [`MAX_GROUP`]) and commits it in
 //! one transaction per tenant (the transaction is scoped to the tenant for row-level
 //! security). Each append keeps its own guarantees:
-//! - it is validated on its own against its run's guard, as in [`super::append`]; a
+//! - it is validated on its own against its run's guard, as in [`super::append`](fn@super::append); a
 //!   refused append gets its error and writes nothing, the others go on;
 //! - an idempotent retry is answered from the stored rows, as alone;
 //! - if the shared transaction fails (a race on an idempotency key, a lost

@@ -30,7 +30,7 @@ pub struct Imported {
 
 /// Creates a run holding `events` (seqs 1..=n in the order given) for `tenant`, in one
 /// transaction. Events are checked as they come, exactly as appends are, and written
-/// [`CHUNK`] at a time, so memory does not grow with the log; a bad event (or an error
+/// 5,000 (`CHUNK`) at a time, so memory does not grow with the log; a bad event (or an error
 /// from the stream) rolls the transaction back, leaving the database untouched.
 pub async fn import_run<S>(db: &Db, tenant: &str, mut events: S) -> Result<RunInfo>
 where

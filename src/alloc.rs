@@ -2,7 +2,7 @@
 //!
 //! The reducer and the live path make many small, short-lived allocations. With glibc's
 //! malloc, a third of the fold's time went to malloc, free and heap consolidation, and
-//! mimalloc doubled the fold's rate (BENCHMARKS.md, `load fold`).
+//! mimalloc doubled the fold's rate (BENCHMARKS.md, `bench fold`).
 
 /// The global allocator: `#[global_allocator] static A: Allocator = Allocator;`.
 pub use mimalloc::MiMalloc as Allocator;
@@ -21,7 +21,7 @@ const ARENA_EAGER_COMMIT: std::ffi::c_int = 4;
 /// Settings for a long-running server, applied before the first allocation (see
 /// `TUNE`). Eager commit makes mimalloc commit its first arena up front and keep what
 /// it frees resident: with 10,000 idle SSE connections that raised resident memory from
-/// about 48 to about 61 KiB per subscriber (`load fanout`), for no gain in speed.
+/// about 48 to about 61 KiB per subscriber (`bench fanout`), for no gain in speed.
 #[cfg(target_os = "linux")]
 extern "C" fn tune() {
     // SAFETY: mi_option_set only stores an integer in mimalloc's option table; any

@@ -180,7 +180,7 @@ where
     // Payloads go as text and are cast per row: a `jsonb[]` parameter is parsed whole
     // while the statement is bound, in memory held until it ends (megabytes for 1,000
     // events, which the backend's allocator then grows and trims on every batch); the
-    // cast parses each row in memory reset per row (BENCHMARKS.md, `load ingest`).
+    // cast parses each row in memory reset per row (BENCHMARKS.md, `bench ingest`).
     let insert = tx
         .prepare_cached(
             "INSERT INTO agent_run_events

@@ -186,9 +186,9 @@ async fn relay(
     back.abort();
 }
 
-/// One case: an app on the proxy with `lanes` group-commit lanes, one keyless append
-/// cut at its COMMIT in `mode`; returns the answer and the rows stored.
-async fn case(t: &TestApp, lanes: usize, mode: u8) -> (StatusCode, Value, i64) {
+/// A server for the test's schema whose database connections go through a new proxy,
+/// with `lanes` group-commit lanes; returns the proxy and the server's base URL.
+async fn behind_proxy(t: &TestApp, lanes: usize) -> (CommitCutter, String) {
     let proxy = CommitCutter::start(&t.db.url).await;
     let pool = Db::new(&DbConfig { url: proxy.url.clone(), schema: t.db.schema.clone(), max_connections: 4 })
         .expect("pool");
@@ -197,6 +197,13 @@ async fn case(t: &TestApp, lanes: usize, mode: u8) -> (StatusCode, Value, i64) {
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let router = agent_stream::http::router(app);
     tokio::spawn(async move { axum::serve(listener, router).await });
+    (proxy, base)
+}
+
+/// One case: an app on the proxy with `lanes` group-commit lanes, one keyless append
+/// cut at its COMMIT in `mode`; returns the answer and the rows stored.
+async fn case(t: &TestApp, lanes: usize, mode: u8) -> (StatusCode, Value, i64) {
+    let (proxy, base) = behind_proxy(t, lanes).await;
     // Before arming: the run (its own COMMIT) and the key, cached from then on.
     let run = t.create_run(&t.key_a).await;
     let one = json!([{"type": "custom.tick", "payload": {"n": 1}}]);
@@ -243,15 +250,7 @@ async fn a_commit_that_never_arrived_stores_nothing_twice() {
 async fn an_unknown_outcome_says_so_and_a_keyed_retry_finds_it() {
     let t = TestApp::new().await;
     for lanes in [4, 0] {
-        let proxy = CommitCutter::start(&t.db.url).await;
-        let pool =
-            Db::new(&DbConfig { url: proxy.url.clone(), schema: t.db.schema.clone(), max_connections: 4 })
-                .expect("pool");
-        let app = App::new(pool, Settings { group_commit_lanes: lanes, ..Settings::default() });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr"));
-        let router = agent_stream::http::router(app);
-        tokio::spawn(async move { axum::serve(listener, router).await });
+        let (proxy, base) = behind_proxy(&t, lanes).await;
         let run = t.create_run(&t.key_a).await;
         let keyed = json!([{"type": "custom.tick", "payload": {"n": 1}, "key": "tick-1"}]);
         proxy.arm(AFTER_THEN_DOWN);

@@ -155,11 +155,20 @@ impl Tail {
             if self.catching_up {
                 self.app.live.feeds.count_read();
                 match self.app.events(&self.who, &self.run_id, self.cursor, PAGE, &Filter::default()).await {
-                    Ok((_, evs)) if evs.is_empty() => {
-                        self.catching_up = false;
-                        self.live = true;
+                    Ok((run, evs)) => {
+                        // Caught up once the read reaches the run's last seq as it was
+                        // when the read began: whatever commits later comes as a feed
+                        // page, since the feed was joined before the first read. No
+                        // confirming empty read, which cost every joining subscriber a
+                        // second SELECT.
+                        if evs.last().is_none_or(|e| e.seq >= run.last_seq) {
+                            self.catching_up = false;
+                            self.live = true;
+                        }
+                        if !evs.is_empty() {
+                            return Some(Batch::from(evs));
+                        }
                     }
-                    Ok((_, evs)) => return Some(Batch::from(evs)),
                     Err(e) => {
                         tracing::warn!(error = %e, run = %self.run_id, "live read failed; closing");
                         return None;

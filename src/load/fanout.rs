@@ -186,14 +186,14 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
     let joined0 = reads(&metrics(&mut watch).await);
     let (tasks, stop) = subscribe(how, &base, key, &run, n, t0, count.clone()).await;
     eprintln!("{} {n}: subscribed in {:.1} s", how.name(), t0.elapsed().as_secs_f64());
-    // Settle: a subscriber that got seq 1 may still owe the read that finds it caught
-    // up. Joining costs reads per subscriber, once; appends must not, so the producer
-    // starts once every subscriber made its two joining reads (history, then the read
-    // that finds it caught up) and reads have been still for a second. Stillness alone
-    // was not enough at 10,000 WebSocket subscribers: their connections were too busy
-    // to ask for the second read within a second.
+    // Settle: joining costs reads per subscriber, once; appends must not, so the
+    // producer starts once every subscriber made its joining read (its history, here
+    // one event, which reaches the run's last seq) and reads have been still for a
+    // second. Stillness alone was not enough at 10,000 WebSocket subscribers, when
+    // joining took two reads: their connections were too busy to ask for the second
+    // within a second.
     let mut m0 = metrics(&mut watch).await;
-    let joining = joined0 + 2.0 * n as f64;
+    let joining = joined0 + n as f64;
     let (mut still, settle_until) = (0, Instant::now() + Duration::from_secs(60));
     while (still < 4 || reads(&m0) < joining) && Instant::now() < settle_until {
         tokio::time::sleep(Duration::from_millis(250)).await;

@@ -252,15 +252,20 @@ async fn killing_the_listener_mid_stream_loses_and_repeats_nothing() {
 }
 
 /// Many subscribers of one run share one read per wake-up: the SELECTs per append do not
-/// grow with the number of subscribers.
+/// grow with the number of subscribers; joining costs each subscriber one read.
 #[tokio::test]
 async fn subscribers_of_one_run_share_reads() {
     const SUBSCRIBERS: usize = 20;
     const APPENDS: i64 = 10;
     let t = TestApp::new().await;
     let run = running_run(&t).await;
+    let joining = t.app.live.feeds.reads();
     let mut readers = caught_up_readers(&t, &run, SUBSCRIBERS).await;
     let before = t.app.live.feeds.reads();
+    // Joining costs each subscriber one read (its history reaches the run's last seq)
+    // and the feed its first ones; no confirming read per subscriber.
+    let join_reads = before - joining;
+    assert!(join_reads <= SUBSCRIBERS as u64 + 3, "{join_reads} reads for {SUBSCRIBERS} subscribers to join");
     for i in 0..APPENDS {
         t.append_ok(&t.key_a, &run, json!([delta(&i.to_string())])).await;
         // Every subscriber gets the event before the next append.

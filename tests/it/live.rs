@@ -389,7 +389,7 @@ mod graphql_ws {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     use tokio_tungstenite::tungstenite::Message;
 
-    use super::delta;
+    use super::{delta, running_run};
     use crate::common::TestApp;
 
     type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -431,6 +431,19 @@ mod graphql_ws {
     }
 
     const SUB: &str = "subscription($run: ID!, $after: Int) { runEvents(runId: $run, afterSeq: $after) { seq type payload } }";
+
+    /// A `graphql-transport-ws` connection as `key`, acknowledged, with `runEvents` of
+    /// `run` subscribed as operation "1".
+    async fn subscribed(t: &TestApp, key: &str, run: &str) -> Ws {
+        let mut ws = connect(t, "graphql-transport-ws", key).await;
+        assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack");
+        send(
+            &mut ws,
+            json!({"id": "1", "type": "subscribe", "payload": {"query": SUB, "variables": {"run": run}}}),
+        )
+        .await;
+        ws
+    }
 
     #[tokio::test]
     async fn run_events_streams_history_then_live_then_completes() {
@@ -680,16 +693,8 @@ mod graphql_ws {
     #[tokio::test]
     async fn a_shutdown_closes_the_socket_with_going_away_not_complete() {
         let t = TestApp::new().await;
-        let run = t.create_run(&t.key_a).await;
-        t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}]))
-            .await;
-        let mut ws = connect(&t, "graphql-transport-ws", &t.key_a).await;
-        assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack");
-        send(
-            &mut ws,
-            json!({"id": "1", "type": "subscribe", "payload": {"query": SUB, "variables": {"run": run}}}),
-        )
-        .await;
+        let run = running_run(&t).await;
+        let mut ws = subscribed(&t, &t.key_a, &run).await;
         assert_eq!(recv(&mut ws).await.unwrap()["payload"]["data"]["runEvents"]["seq"], 1);
         t.app.shut_down();
         let close = loop {
@@ -725,13 +730,7 @@ mod graphql_ws {
         .await;
         assert!(recv(&mut ws).await.is_none(), "no connection_ack for a bad key");
         let run = t.create_run(&t.key_a).await;
-        let mut ws = connect(&t, "graphql-transport-ws", &t.key_b).await;
-        assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack");
-        send(
-            &mut ws,
-            json!({"id": "1", "type": "subscribe", "payload": {"query": SUB, "variables": {"run": run}}}),
-        )
-        .await;
+        let mut ws = subscribed(&t, &t.key_b, &run).await;
         let m = recv(&mut ws).await.unwrap();
         // An execution error travels in `next` (the protocol keeps `error` for invalid
         // operations), with the same code as everywhere else.

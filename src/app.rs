@@ -178,12 +178,13 @@ impl App {
     /// is, and a bad line writes nothing.
     pub async fn import(&self, who: &Principal, body: &[u8]) -> Result<RunInfo> {
         who.require(Scope::Write)?;
+        self.admit(who)?;
         let lines =
             crate::domain::jsonl::parse_export(body, self.settings.limits).map_err(Error::Rejected)?;
         let events = lines
             .into_iter()
             .map(|(line, l)| Ok(storage::import::Imported { ts: l.ts, event: l.event, line }));
-        self.import_events(who, futures::stream::iter(events)).await
+        self.import_admitted(who, futures::stream::iter(events)).await
     }
 
     /// Imports a run from events read as they come (a file of any size, in constant
@@ -195,6 +196,14 @@ impl App {
     {
         who.require(Scope::Write)?;
         self.admit(who)?;
+        self.import_admitted(who, events).await
+    }
+
+    /// The import itself, for a caller whose scope and rate were checked.
+    async fn import_admitted<S>(&self, who: &Principal, events: S) -> Result<RunInfo>
+    where
+        S: futures::Stream<Item = Result<storage::import::Imported>> + Unpin,
+    {
         let run = storage::import::import_run(&self.db, &who.tenant_id, events).await;
         let counted =
             run.as_ref().ok().map(|r| AppendOutcome { first_seq: 1, last_seq: r.last_seq, replayed: false });

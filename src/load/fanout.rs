@@ -24,6 +24,9 @@ use serde_json::{json, Value};
 use super::http::Conn;
 use super::support::{self, SseReader};
 
+/// The server's count of live-delivery SELECTs.
+const READS: &str = "agent_stream_live_reads_total";
+
 /// How subscribers connect.
 #[derive(Clone, Copy, PartialEq)]
 enum Transport {
@@ -181,9 +184,7 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
     let t0 = Instant::now();
     let count = Arc::new(AtomicU64::new(0));
     let rss0 = support::status_kib(pid, "VmRSS:");
-    let metrics = async |c: &mut Conn| c.get("/metrics", None).await.expect("metrics").text();
-    let reads = |m: &str| support::metric(m, "agent_stream_live_reads_total");
-    let joined0 = reads(&metrics(&mut watch).await);
+    let joined0 = support::scrape(&mut watch, READS).await;
     let (tasks, stop) = subscribe(how, &base, key, &run, n, t0, count.clone()).await;
     eprintln!("{} {n}: subscribed in {:.1} s", how.name(), t0.elapsed().as_secs_f64());
     // Settle: joining costs reads per subscriber, once; appends must not, so the
@@ -192,19 +193,19 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
     // second. Stillness alone was not enough at 10,000 WebSocket subscribers, when
     // joining took two reads: their connections were too busy to ask for the second
     // within a second.
-    let mut m0 = metrics(&mut watch).await;
+    let mut reads0 = support::scrape(&mut watch, READS).await;
     let joining = joined0 + n as f64;
     let (mut still, settle_until) = (0, Instant::now() + Duration::from_secs(60));
-    while (still < 4 || reads(&m0) < joining) && Instant::now() < settle_until {
+    while (still < 4 || reads0 < joining) && Instant::now() < settle_until {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let m = metrics(&mut watch).await;
-        still = if reads(&m) == reads(&m0) { still + 1 } else { 0 };
-        m0 = m;
+        let now = support::scrape(&mut watch, READS).await;
+        still = if now == reads0 { still + 1 } else { 0 };
+        reads0 = now;
     }
-    if reads(&m0) < joining {
+    if reads0 < joining {
         eprintln!("{} {n}: joining reads not finished after 60 s; measuring anyway", how.name());
     }
-    let join_reads = (reads(&m0) - joined0) / n as f64;
+    let join_reads = (reads0 - joined0) / n as f64;
     let rss = support::status_kib(pid, "VmRSS:");
     let per_sub = rss.saturating_sub(rss0) as f64 / n as f64;
     let (cpu0, wall0) = (support::cpu_secs(pid), Instant::now());
@@ -242,7 +243,7 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (cpu, wall) = (support::cpu_secs(pid) - cpu0, wall0.elapsed().as_secs_f64());
-    let m1 = metrics(&mut watch).await;
+    let reads1 = support::scrape(&mut watch, READS).await;
     let _ = stop.send(true);
     eprintln!("{} {n}: drained after {:.1} s", how.name(), wall0.elapsed().as_secs_f64());
     let mut lat = vec![];
@@ -254,7 +255,7 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
         }
     }
     let received = lat.len();
-    let reads = reads(&m1) - reads(&m0);
+    let reads = reads1 - reads0;
     let (p50, p99) = (support::pct(&mut lat, 0.5), support::pct(&mut lat, 0.99));
     let max = lat.last().copied().unwrap_or(f64::NAN);
     let target = if how == Transport::Sse && n == 1_000 {

@@ -20,6 +20,8 @@ use super::support;
 
 const SECS: u64 = 5;
 const PRODUCERS: usize = 64;
+/// The server's count of group-commit transactions.
+const GROUPS: &str = "agent_stream_commit_groups_total";
 
 async fn raw_inserts(url: &str, schema: &str, clients: usize) -> f64 {
     let c = support::connect(url).await;
@@ -91,11 +93,7 @@ async fn service_appends(bin: &Path, url: &str, schema: &str, lanes: usize) -> S
         runs.push(support::create_run(&mut http, &key).await);
     }
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let groups = async |http: &mut Conn| {
-        let m = http.get("/metrics", None).await.expect("metrics").text();
-        support::metric(&m, "agent_stream_commit_groups_total")
-    };
-    let groups_before = groups(&mut http).await;
+    let groups_before = support::scrape(&mut http, GROUPS).await;
     let cpu0 = support::cpu_secs(server.pid);
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs(SECS);
@@ -127,7 +125,7 @@ async fn service_appends(bin: &Path, url: &str, schema: &str, lanes: usize) -> S
     }
     let secs = t0.elapsed().as_secs_f64();
     let cpu = (support::cpu_secs(server.pid) - cpu0) / secs;
-    let groups = groups(&mut http).await - groups_before;
+    let groups = support::scrape(&mut http, GROUPS).await - groups_before;
     let appends = ok.load(Ordering::Relaxed);
     let stored: i64 = owner
         .query_one("SELECT count(*) FROM agent_run_events WHERE tenant_id = $1", &[&issued.tenant_id])

@@ -103,6 +103,11 @@ pub fn metric(text: &str, name: &str) -> f64 {
     text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
 }
 
+/// One sample of the server's `/metrics`, read over `http` (see [`metric`]).
+pub async fn scrape(http: &mut Conn, name: &str) -> f64 {
+    metric(&http.get("/metrics", None).await.expect("metrics").text(), name)
+}
+
 /// A bare SSE reader on one TCP connection: it sends the GET, checks the answer is 200,
 /// decodes the chunked body and hands out each frame's `id:`. The measuring side
 /// should cost as little as it can: an HTTP client library adds a task hand-off and

@@ -166,6 +166,7 @@ async fn relay(
         }
         let upto = cut.unwrap_or(at);
         if cut.is_some() {
+            // Set before the COMMIT goes out, so its answer cannot reach the client.
             cut_tx.send_replace(true);
         }
         if to_server.write_all(&buf[..upto]).await.is_err() {
@@ -176,7 +177,6 @@ async fn relay(
             // end of the connection, as when a network path dies.
             let _ = to_server.shutdown().await;
             drop(from_client);
-            cut_tx.send_replace(true);
             let _ = back.await;
             cuts.fetch_add(1, Ordering::SeqCst);
             return;

@@ -14,6 +14,7 @@
 //! - [`http`] and [`graphql`] — transports: thin adapters over [`app`], each with one
 //!   mapping from [`error::Error`] to its wire format.
 //! - [`server`] — wiring: configuration, start-up (migrate, dev tenant), graceful stop.
+//! - [`cli`] — the `agent-stream` command line, which the binary calls.
 //! - [`alloc`] — the allocator the binary installs (mimalloc) and its settings.
 //! - [`load`] — the load tool, `agent-stream bench <scenario>` (BENCHMARKS.md), and
 //!   what the criterion benches share with it.
@@ -28,6 +29,7 @@
 pub mod alloc;
 pub mod app;
 pub mod auth;
+pub mod cli;
 pub mod dialect;
 pub mod domain;
 pub mod error;

@@ -1,0 +1,550 @@
+//! The `agent-stream` command line: serve, migrate, administer tenants and keys, export,
+//! import and the load tool. It lives in the library rather than in `main.rs` because a
+//! binary crate compiles after the library, with nothing left to build beside it: this
+//! code took 40 s there, at the end of every first build, and costs the library 19 s
+//! (BENCHMARKS.md).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use crate::app::{App, AppRef, Settings};
+use crate::auth::Scope;
+use crate::domain::Limits;
+use crate::server::{self, Database, DbChoice, ServeOptions};
+use crate::storage::tenants;
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "agent-stream",
+    version,
+    about = "Durable, multi-tenant event log and live stream for AI-agent runs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct DbArgs {
+    /// PostgreSQL to use. Unset: a private cluster under --data-dir (the embedded default).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Data directory of the embedded default [default: ~/.local/share/agent-stream,
+    /// or /var/lib/agent-stream when run as root].
+    #[arg(long, env = "AGENT_STREAM_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Schema holding agent-stream's tables.
+    #[arg(long, env = "AGENT_STREAM_SCHEMA", default_value = "agent_stream")]
+    schema: String,
+}
+
+impl DbArgs {
+    fn choice(&self) -> DbChoice {
+        DbChoice {
+            url: self.database_url.clone(),
+            data_dir: self.data_dir.clone(),
+            schema: self.schema.clone(),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the service (migrates first).
+    Serve {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Address to listen on.
+        #[arg(long, env = "AGENT_STREAM_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// Database connections in the pool.
+        #[arg(long, env = "AGENT_STREAM_POOL_SIZE", default_value_t = 32)]
+        pool_size: usize,
+        /// Origins allowed to call the API from a browser (comma-separated). With the
+        /// embedded default and none given, any origin is allowed.
+        #[arg(long, env = "AGENT_STREAM_CORS_ORIGINS", value_delimiter = ',')]
+        cors_origin: Vec<String>,
+        /// Largest request body in bytes.
+        #[arg(long, env = "AGENT_STREAM_MAX_BODY_BYTES", default_value_t = 16 << 20)]
+        max_body_bytes: usize,
+        /// Largest single event in bytes.
+        #[arg(long, env = "AGENT_STREAM_MAX_EVENT_BYTES", default_value_t = 1 << 20)]
+        max_event_bytes: usize,
+        /// Most events in one append.
+        #[arg(long, env = "AGENT_STREAM_MAX_BATCH_EVENTS", default_value_t = 10_000)]
+        max_batch_events: usize,
+        /// Committer tasks gathering concurrent appends into shared transactions (0: each alone).
+        #[arg(long, env = "AGENT_STREAM_GROUP_COMMIT_LANES", default_value_t = 4)]
+        group_commit_lanes: usize,
+        /// Appends per second each tenant may sustain (0: no limit); bursts of twice that.
+        #[arg(long, env = "AGENT_STREAM_APPEND_RATE", default_value_t = 10_000.0)]
+        append_rate: f64,
+        #[command(flatten)]
+        retention: RetentionArgs,
+        /// Seconds between retention sweeps (0: never).
+        #[arg(long, env = "AGENT_STREAM_RETENTION_INTERVAL", default_value_t = 3600)]
+        retention_interval: u64,
+    },
+    /// Delete finished runs past their retention (whole runs, with their events).
+    Retention {
+        /// List what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        retention: RetentionArgs,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Apply pending schema migrations and exit.
+    Migrate {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Manage tenants.
+    Tenant {
+        #[command(subcommand)]
+        cmd: TenantCmd,
+    },
+    /// Manage API keys.
+    Key {
+        #[command(subcommand)]
+        cmd: KeyCmd,
+    },
+    /// Manage analysts' read-only PostgreSQL logins.
+    Analyst {
+        #[command(subcommand)]
+        cmd: AnalystCmd,
+    },
+    /// Write a run's log as JSONL (one event per line), with a progress bar on a terminal.
+    Export {
+        /// The run id.
+        run_id: String,
+        /// File to write [default: standard output].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// First seq to export.
+        #[arg(long)]
+        from_seq: Option<i64>,
+        /// Last seq to export.
+        #[arg(long)]
+        to_seq: Option<i64>,
+        /// Dialect: native, multica, chunks, hier, typed, agui or vercel.
+        #[arg(long, default_value = "native")]
+        format: String,
+        /// API key of the run's tenant (read scope).
+        #[arg(long, env = "AGENT_STREAM_KEY", hide_env_values = true)]
+        key: String,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Import a JSONL export as a new run with the same log; prints the new run id.
+    Import {
+        /// The export file.
+        file: PathBuf,
+        /// API key of the tenant to import into (write scope).
+        #[arg(long, env = "AGENT_STREAM_KEY", hide_env_values = true)]
+        key: String,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Print the GraphQL schema (SDL).
+    Schema,
+    /// Run one load scenario and print its table next to its raw-PostgreSQL baseline
+    /// (BENCHMARKS.md). Uses DATABASE_URL, else the local server on 127.0.0.1:5432.
+    Bench {
+        /// The scenario.
+        #[arg(value_parser = clap::builder::PossibleValuesParser::new(crate::load::SCENARIOS))]
+        scenario: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum AnalystCmd {
+    /// Create a PostgreSQL login that reads one tenant's rows through the analyst views.
+    Create {
+        /// Tenant name.
+        tenant: String,
+        /// Role (login) name: lowercase letters, digits, `_`.
+        #[arg(long)]
+        role: String,
+        /// Password for the login (read from the environment to keep it out of `ps`).
+        #[arg(long, env = "AGENT_STREAM_ANALYST_PASSWORD", hide_env_values = true)]
+        password: Option<String>,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}
+
+#[derive(Args, Clone, Copy)]
+struct RetentionArgs {
+    /// Days a `done` run is kept after it ended (tenants may override).
+    #[arg(long, env = "AGENT_STREAM_RETENTION_DONE_DAYS", default_value_t = 90)]
+    retention_done_days: i32,
+    /// Days an `aborted` or `error` run is kept after it ended (tenants may override).
+    #[arg(long, env = "AGENT_STREAM_RETENTION_FAILED_DAYS", default_value_t = 30)]
+    retention_failed_days: i32,
+}
+
+impl RetentionArgs {
+    fn policy(self) -> anyhow::Result<crate::storage::retention::Policy> {
+        anyhow::ensure!(
+            self.retention_done_days > 0 && self.retention_failed_days > 0,
+            "retention days must be 1 or more"
+        );
+        Ok(crate::storage::retention::Policy {
+            done_days: self.retention_done_days,
+            failed_days: self.retention_failed_days,
+        })
+    }
+}
+
+#[derive(Subcommand)]
+enum TenantCmd {
+    /// Set a tenant's retention override (omit a value to use the service default).
+    Retention {
+        /// Tenant name.
+        name: String,
+        /// Days its `done` runs are kept.
+        #[arg(long)]
+        done_days: Option<i32>,
+        /// Days its `aborted` and `error` runs are kept.
+        #[arg(long)]
+        failed_days: Option<i32>,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Create a tenant; prints a new read+write key as the last line.
+    Create {
+        /// Tenant name: lowercase letters, digits, `-` and `_`.
+        name: String,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyCmd {
+    /// Issue another key for a tenant; prints it as the last line.
+    Create {
+        /// Tenant name.
+        tenant: String,
+        /// Scopes, comma-separated: read, write, admin.
+        #[arg(long, value_delimiter = ',', default_value = "read,write")]
+        scopes: Vec<String>,
+        /// A note to recognise the key by.
+        #[arg(long)]
+        label: Option<String>,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Revoke a key by its id (the 12 hex digits after `ask_`).
+    Revoke {
+        /// Key id.
+        key_id: String,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("AGENT_STREAM_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info,tokio_postgres=warn"));
+    let json = std::env::var("AGENT_STREAM_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn parse_scopes(list: &[String]) -> anyhow::Result<Vec<Scope>> {
+    list.iter()
+        .map(|s| {
+            Scope::parse(s.trim())
+                .ok_or_else(|| anyhow::anyhow!("unknown scope `{s}`: use read, write or admin"))
+        })
+        .collect()
+}
+
+/// Runs an administrative action against the database, migrating first and stopping a
+/// private cluster afterwards if this command had to start it.
+async fn with_owner<T>(
+    db: &DbArgs,
+    f: impl AsyncFnOnce(&mut tokio_postgres::Client) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let database = Database::open(&db.choice()).await?;
+    let result = async {
+        database.migrate().await?;
+        let mut owner = database.owner().await?;
+        f(&mut owner).await
+    }
+    .await;
+    database.close().await?;
+    result
+}
+
+/// Runs a command against the service's own application core (the same code paths as
+/// HTTP), on this machine's database.
+async fn with_app<T>(db: &DbArgs, f: impl AsyncFnOnce(AppRef) -> anyhow::Result<T>) -> anyhow::Result<T> {
+    let database = Database::open(&db.choice()).await?;
+    let result = async {
+        database.migrate().await?;
+        let pool = crate::storage::Db::new(&crate::storage::DbConfig {
+            url: database.url.clone(),
+            schema: db.schema.clone(),
+            max_connections: 4,
+        })?;
+        f(App::new(pool, Settings::default())).await
+    }
+    .await;
+    database.close().await?;
+    result
+}
+
+fn progress(total: u64, what: &str) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    let pb = indicatif::ProgressBar::new(total);
+    if std::io::stderr().is_terminal() {
+        let style = indicatif::ProgressStyle::with_template("{msg} {bar:40} {pos}/{len} ({per_sec}, {eta})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        pb.set_style(style);
+        pb.set_message(what.to_owned());
+    } else {
+        pb.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    pb
+}
+
+async fn cli_export(
+    app: AppRef,
+    key: &str,
+    run_id: &str,
+    opts: crate::export::RunExport,
+    out: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let who = app.authenticate(Some(key)).await?;
+    let run = app.run(&who, run_id).await?;
+    let total =
+        (opts.to_seq.unwrap_or(run.last_seq).min(run.last_seq) - opts.from_seq.unwrap_or(1) + 1).max(0);
+    let pb = progress(total as u64, "exporting");
+    let (tx, mut rx) = tokio::sync::mpsc::channel(crate::export::CHANNEL);
+    let job = tokio::spawn(crate::export::export_run(app, who, run, opts, tx));
+    let mut sink: Box<dyn tokio::io::AsyncWrite + Unpin + Send> = match &out {
+        Some(path) => Box::new(tokio::fs::File::create(path).await?),
+        None => Box::new(tokio::io::stdout()),
+    };
+    while let Some(chunk) = rx.recv().await {
+        sink.write_all(&chunk).await?;
+        pb.inc(chunk.iter().filter(|b| **b == b'\n').count() as u64);
+    }
+    sink.flush().await?;
+    let lines = job.await??;
+    pb.finish_and_clear();
+    eprintln!("exported {lines} lines{}", out.map(|p| format!(" to {}", p.display())).unwrap_or_default());
+    Ok(())
+}
+
+/// Imports a file line by line: memory stays flat whatever its size.
+async fn cli_import(app: AppRef, key: &str, file: &std::path::Path) -> anyhow::Result<()> {
+    use crate::domain::jsonl::ExportLines;
+    use crate::error::Error;
+    use crate::storage::import::Imported;
+    use anyhow::Context;
+    use tokio::io::AsyncBufReadExt;
+    let who = app.authenticate(Some(key)).await?;
+    let f = tokio::fs::File::open(file).await.with_context(|| format!("opening {}", file.display()))?;
+    let pb = progress(f.metadata().await?.len(), "importing (one transaction)");
+    let reader = LineReader {
+        raw: tokio::io::BufReader::with_capacity(1 << 20, f).split(b'\n'),
+        lines: ExportLines::new(app.settings.limits),
+        number: 0,
+        done: false,
+        pb: pb.clone(),
+    };
+    let events = futures::stream::unfold(reader, |mut r| async move {
+        if r.done {
+            return None;
+        }
+        loop {
+            let item = match r.raw.next_segment().await {
+                Err(e) => Err(Error::Internal(anyhow::Error::new(e).context("reading the file"))),
+                Ok(None) => {
+                    r.done = true;
+                    return r.lines.finish().err().map(|e| (Err(Error::Rejected(e)), r));
+                }
+                Ok(Some(line)) => {
+                    r.number += 1;
+                    r.pb.inc(line.len() as u64 + 1);
+                    match r.lines.line(r.number, &line) {
+                        Ok(None) => continue,
+                        Ok(Some(l)) => Ok(Imported { ts: l.ts, event: l.event, line: r.number }),
+                        Err(e) => Err(Error::Rejected(e)),
+                    }
+                }
+            };
+            r.done = item.is_err();
+            return Some((item, r));
+        }
+    });
+    let run = app.import_events(&who, Box::pin(events)).await?;
+    pb.finish_and_clear();
+    eprintln!("imported {} events", run.last_seq);
+    println!("{}", run.run_id);
+    Ok(())
+}
+
+/// The state of [`cli_import`]'s reading.
+struct LineReader {
+    raw: tokio::io::Split<tokio::io::BufReader<tokio::fs::File>>,
+    lines: crate::domain::jsonl::ExportLines,
+    number: usize,
+    done: bool,
+    pb: indicatif::ProgressBar,
+}
+
+/// Parses the command line and runs the command; what the binary's `main` calls.
+#[tokio::main]
+pub async fn main() -> std::process::ExitCode {
+    init_tracing();
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` prints the cause chain on one line; no backtrace for a user's mistake.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve {
+            db,
+            listen,
+            pool_size,
+            cors_origin,
+            max_body_bytes,
+            max_event_bytes,
+            max_batch_events,
+            append_rate,
+            group_commit_lanes,
+            retention,
+            retention_interval,
+        } => {
+            let settings = Settings {
+                limits: Limits { max_event_bytes, max_batch_events },
+                max_body_bytes,
+                cors_origins: Some(cors_origin.into_iter().filter(|o| !o.is_empty()).collect()),
+                append_rate: (append_rate > 0.0).then_some(crate::ratelimit::RateLimit {
+                    per_sec: append_rate,
+                    burst: append_rate * 2.0,
+                }),
+                group_commit_lanes,
+                ..Settings::default()
+            };
+            let every = (retention_interval > 0).then(|| std::time::Duration::from_secs(retention_interval));
+            let retention = (retention.policy()?, every);
+            server::serve(ServeOptions { db: db.choice(), listen, pool_size, settings, retention }).await
+        }
+        Command::Migrate { db } => {
+            let database = Database::open(&db.choice()).await?;
+            let report = database.migrate().await;
+            database.close().await?;
+            let report = report?;
+            println!("applied {:?}; already present {:?}", report.applied, report.skipped);
+            Ok(())
+        }
+        Command::Retention { dry_run, retention, db } => {
+            let policy = retention.policy()?;
+            let report =
+                with_owner(&db, async |c| Ok(crate::storage::retention::sweep(c, policy, dry_run).await?))
+                    .await?;
+            for r in &report.runs {
+                println!(
+                    "{} {} {} ended {} ({} events)",
+                    r.tenant_id,
+                    r.run_id,
+                    r.state,
+                    r.ended_at.to_rfc3339(),
+                    r.events
+                );
+            }
+            let verb = if dry_run { "would delete" } else { "deleted" };
+            println!("{verb} {} runs with {} events", report.runs.len(), report.events());
+            Ok(())
+        }
+        Command::Tenant { cmd: TenantCmd::Retention { name, done_days, failed_days, db } } => {
+            anyhow::ensure!(
+                done_days.is_none_or(|d| d > 0) && failed_days.is_none_or(|d| d > 0),
+                "retention days must be 1 or more"
+            );
+            let found = with_owner(&db, async |c| {
+                Ok(crate::storage::retention::set_override(c, &name, done_days, failed_days).await?)
+            })
+            .await?;
+            anyhow::ensure!(found, "no tenant named `{name}`");
+            println!("tenant `{name}`: done runs kept {:?} days, aborted/error {:?} days (None: the service default)", done_days, failed_days);
+            Ok(())
+        }
+        Command::Tenant { cmd: TenantCmd::Create { name, db } } => {
+            let key = with_owner(&db, async |c| {
+                Ok(tenants::create_tenant(c, &name, &[Scope::Read, Scope::Write]).await?)
+            })
+            .await?;
+            println!("created tenant `{name}` ({}); its read+write API key:", key.tenant_id);
+            println!("{}", key.secret);
+            Ok(())
+        }
+        Command::Key { cmd: KeyCmd::Create { tenant, scopes, label, db } } => {
+            let scopes = parse_scopes(&scopes)?;
+            let key = with_owner(&db, async |c| {
+                Ok(tenants::create_key(c, &tenant, &scopes, label.as_deref()).await?)
+            })
+            .await?;
+            println!("new key {} for tenant `{tenant}`:", key.key_id);
+            println!("{}", key.secret);
+            Ok(())
+        }
+        Command::Key { cmd: KeyCmd::Revoke { key_id, db } } => {
+            let revoked = with_owner(&db, async |c| Ok(tenants::revoke_key(c, &key_id).await?)).await?;
+            if revoked {
+                println!("revoked key {key_id}");
+                Ok(())
+            } else {
+                anyhow::bail!("no live key with id {key_id}")
+            }
+        }
+        Command::Analyst { cmd: AnalystCmd::Create { tenant, role, password, db } } => {
+            let role = with_owner(&db, async |c| {
+                Ok(tenants::create_analyst(c, &tenant, &role, password.as_deref()).await?)
+            })
+            .await?;
+            println!("created analyst login `{role}` for tenant `{tenant}`; see docs/analysts.md");
+            Ok(())
+        }
+        Command::Export { run_id, out, from_seq, to_seq, format, key, db } => {
+            let format = crate::dialect::Format::parse(Some(&format))?;
+            let opts = crate::export::RunExport { from_seq, to_seq, format, ..Default::default() };
+            opts.check()?;
+            with_app(&db, async |app| cli_export(app, &key, &run_id, opts, out).await).await
+        }
+        Command::Import { file, key, db } => {
+            with_app(&db, async |app| cli_import(app, &key, &file).await).await
+        }
+        Command::Schema => {
+            print!("{}", crate::graphql::sdl());
+            Ok(())
+        }
+        Command::Bench { scenario } => {
+            // The scenarios measure a separate `serve` process: this same binary.
+            let me = std::env::current_exe()?;
+            crate::load::run(&scenario, &me).await
+        }
+    }
+}

@@ -151,7 +151,8 @@ enum Command {
     /// Print the GraphQL schema (SDL).
     Schema,
     /// Run one load scenario and print its table next to its raw-PostgreSQL baseline
-    /// (BENCHMARKS.md). Uses DATABASE_URL, else the local server on 127.0.0.1:5432.
+    /// (BENCHMARKS.md). Uses DATABASE_URL, else the local server on 127.0.0.1:5432, else
+    /// the embedded default's private cluster.
     Bench {
         /// The scenario.
         #[arg(value_parser = clap::builder::PossibleValuesParser::new(crate::load::SCENARIOS))]

@@ -5,7 +5,8 @@
 //!
 //! Scenarios: `ingest`, `ingest-single`, `fanout`, `export`, `fold`; each module's doc
 //! says what it measures and against what. The ones that need PostgreSQL find it like
-//! the tests do (`DATABASE_URL`, else 127.0.0.1:5432), work in a schema of their own
+//! the tests do (`DATABASE_URL`, else 127.0.0.1:5432, else the embedded default's
+//! private cluster), work in a schema of their own
 //! (dropped at the end) and measure a separate `agent-stream serve` process started from
 //! this same binary, so its CPU and memory are read apart from the load generator's.
 //! BENCHMARKS.md keeps the latest tables. [`support`] also serves the criterion benches.
@@ -20,6 +21,7 @@ pub mod support;
 
 use std::path::Path;
 
+use crate::storage::embedded::{default_data_dir, Embedded};
 use crate::storage::{db, migrate};
 
 /// The scenarios, by name.
@@ -39,13 +41,7 @@ pub async fn run(scenario: &str, bin: &Path) -> anyhow::Result<()> {
         fold::run();
         return Ok(());
     }
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| LOCAL.to_owned());
-    if let Err(e) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
-        anyhow::bail!(
-            "scenario `{scenario}` needs PostgreSQL, and none answered at {url} ({e}); \
-             set DATABASE_URL to one (a superuser: the scenario creates a schema and roles)"
-        );
-    }
+    let (url, cluster) = database(scenario).await?;
     let schema = format!("bench_load_{}", std::process::id());
     migrate::migrate(&url, &schema).await?;
     match scenario {
@@ -56,5 +52,33 @@ pub async fn run(scenario: &str, bin: &Path) -> anyhow::Result<()> {
     }
     let owner = db::connect_owner(&url, &schema).await?;
     owner.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")).await?;
+    if let Some(cluster) = cluster {
+        cluster.stop().await?;
+    }
     Ok(())
+}
+
+/// The PostgreSQL to measure against, found like the tests find theirs: `DATABASE_URL`,
+/// else the local server, else the embedded default's private cluster (started here, and
+/// then stopped at the end, when it was not already running).
+async fn database(scenario: &str) -> anyhow::Result<(String, Option<Embedded>)> {
+    if let Ok(url) = std::env::var("DATABASE_URL") {
+        if let Err(e) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+            anyhow::bail!(
+                "scenario `{scenario}` needs PostgreSQL, and none answered at DATABASE_URL ({e}); \
+                 point it at one (a superuser: the scenario creates a schema and roles), or unset it"
+            );
+        }
+        return Ok((url, None));
+    }
+    if tokio_postgres::connect(LOCAL, tokio_postgres::NoTls).await.is_ok() {
+        return Ok((LOCAL.to_owned(), None));
+    }
+    let dir = default_data_dir();
+    eprintln!(
+        "load: DATABASE_URL is unset and nothing answered at {LOCAL}; using the private cluster under {}",
+        dir.display()
+    );
+    let cluster = Embedded::start(&dir).await?;
+    Ok((cluster.url(), Some(cluster)))
 }

@@ -109,21 +109,21 @@ fn generated_run(n: usize) -> Vec<Ev> {
             EventBody::ToolStart(ToolStart {
                 call_id: call.clone(),
                 tool: "browser.navigate".into(),
-                input: json!({"url": format!("https://example.com/{turn}")}),
+                input: json!({"url": format!("https://example.com/{turn}")}).into(),
                 skill_id: None,
             }),
         ));
         out.push((
             None,
-            EventBody::ToolProgress(ToolProgress { call_id: call.clone(), data: json!({"pct": 50}) }),
+            EventBody::ToolProgress(ToolProgress { call_id: call.clone(), data: json!({"pct": 50}).into() }),
         ));
         out.push((
             None,
             EventBody::ToolEnd(ToolEnd {
                 call_id: call,
                 ok: true,
-                output: json!({"status": 200}),
-                error: serde_json::Value::Null,
+                output: json!({"status": 200}).into(),
+                error: Default::default(),
                 duration_ms: Some(1200),
                 blob_ref: None,
             }),

@@ -50,7 +50,7 @@ fn content(view: &RunView, m: &MessageView) -> Vec<Value> {
                     "type": "toolCall",
                     "id": id,
                     "name": tool.map(|t| t.tool.clone()).unwrap_or_default(),
-                    "arguments": tool.map(|t| t.input.clone()).filter(Value::is_object).unwrap_or_else(|| json!({})),
+                    "arguments": tool.map(|t| &*t.input).filter(|v| v.is_object()).cloned().unwrap_or_else(|| json!({})),
                 })
             }
         })
@@ -130,7 +130,7 @@ impl Encoder for Multica {
             }
             (EventBody::ToolEnd(p), Change::Tool { tool, .. }) => {
                 let t = &v.tools[tool];
-                let result = if p.ok { t.output.clone() } else { json!(as_text(&t.error)) };
+                let result = if p.ok { (*t.output).clone() } else { json!(as_text(&t.error)) };
                 out.push(Out::control(seq, tool_end(step, t, result, !p.ok)));
             }
             (EventBody::CompactionStart(_), _) => {

@@ -75,6 +75,22 @@ pub struct Delta {
     pub message_id: Option<String>,
 }
 
+/// A JSON value of a payload (tool input, progress data, output, error), shared between
+/// the log's event and the views that show it. Folding a run used to deep-copy each one
+/// into the view: a third of the view's memory in the generated mixed run (294 → 196 MiB,
+/// BENCHMARKS.md, `bench fold`).
+pub type SharedValue = std::sync::Arc<Value>;
+
+fn is_null(v: &SharedValue) -> bool {
+    v.is_null()
+}
+
+/// JSON `null` as a [`SharedValue`], without an allocation per call.
+pub fn shared_null() -> SharedValue {
+    static NULL: std::sync::LazyLock<SharedValue> = std::sync::LazyLock::new(SharedValue::default);
+    NULL.clone()
+}
+
 /// `tool.start`: a tool invocation begins.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -84,8 +100,8 @@ pub struct ToolStart {
     /// The tool's name (`browser.navigate`).
     pub tool: String,
     /// The call's arguments.
-    #[serde(default, skip_serializing_if = "Value::is_null")]
-    pub input: Value,
+    #[serde(default = "shared_null", skip_serializing_if = "is_null")]
+    pub input: SharedValue,
     /// The versioned skill the call comes from, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skill_id: Option<String>,
@@ -98,8 +114,8 @@ pub struct ToolProgress {
     /// The running call.
     pub call_id: String,
     /// Whatever the tool reports.
-    #[serde(default, skip_serializing_if = "Value::is_null")]
-    pub data: Value,
+    #[serde(default = "shared_null", skip_serializing_if = "is_null")]
+    pub data: SharedValue,
 }
 
 /// `tool.end`: the invocation completed, successfully or not.
@@ -111,11 +127,11 @@ pub struct ToolEnd {
     /// Success flag.
     pub ok: bool,
     /// The result (may be omitted on error or when large; see `blob_ref`).
-    #[serde(default, skip_serializing_if = "Value::is_null")]
-    pub output: Value,
+    #[serde(default = "shared_null", skip_serializing_if = "is_null")]
+    pub output: SharedValue,
     /// An error code or object when `ok` is false.
-    #[serde(default, skip_serializing_if = "Value::is_null")]
-    pub error: Value,
+    #[serde(default = "shared_null", skip_serializing_if = "is_null")]
+    pub error: SharedValue,
     /// Wall time of the call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,

@@ -31,6 +31,7 @@
 use rustc_hash::FxHashMap;
 
 use super::view::*;
+use crate::domain::event::shared_null;
 use crate::domain::event::{EventBody, Role};
 use crate::domain::{Event, Origin, Resolution, RunGuard};
 
@@ -289,9 +290,9 @@ impl RunView {
                     skill_id: p.skill_id.clone(),
                     status: ToolStatus::Running,
                     progress_count: 0,
-                    last_progress: serde_json::Value::Null,
-                    output: serde_json::Value::Null,
-                    error: serde_json::Value::Null,
+                    last_progress: shared_null(),
+                    output: shared_null(),
+                    error: shared_null(),
                     duration_ms: None,
                     blob_ref: None,
                     message_id,

@@ -4,9 +4,8 @@
 use async_graphql::{Enum, SimpleObject};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::Value;
 
-use crate::domain::event::{Decision, PlanStep, Role, StepKind};
+use crate::domain::event::{Decision, PlanStep, Role, SharedValue, StepKind};
 use crate::domain::RunState;
 
 /// Where a message is in its life.
@@ -101,7 +100,7 @@ pub struct ToolView {
     /// Tool name.
     pub tool: String,
     /// Arguments.
-    pub input: Value,
+    pub input: SharedValue,
     /// Skill that made the call.
     pub skill_id: Option<String>,
     /// Running, success, error or interrupted.
@@ -109,11 +108,11 @@ pub struct ToolView {
     /// Number of `tool.progress` events.
     pub progress_count: u32,
     /// Data of the latest `tool.progress`.
-    pub last_progress: Value,
+    pub last_progress: SharedValue,
     /// Result.
-    pub output: Value,
+    pub output: SharedValue,
     /// Error code or object.
-    pub error: Value,
+    pub error: SharedValue,
     /// Wall time reported by the producer.
     pub duration_ms: Option<u64>,
     /// Where a large output is stored.

@@ -21,8 +21,8 @@ pub mod support;
 
 use std::path::Path;
 
-use crate::storage::embedded::{default_data_dir, Embedded};
-use crate::storage::{db, migrate};
+use crate::server::{Database, DbChoice};
+use crate::storage::embedded::default_data_dir;
 
 /// The scenarios, by name.
 pub const SCENARIOS: [&str; 5] = ["ingest", "ingest-single", "fanout", "export", "fold"];
@@ -41,27 +41,26 @@ pub async fn run(scenario: &str, bin: &Path) -> anyhow::Result<()> {
         fold::run();
         return Ok(());
     }
-    let (url, cluster) = database(scenario).await?;
     let schema = format!("bench_load_{}", std::process::id());
-    migrate::migrate(&url, &schema).await?;
+    let database =
+        Database::open(&DbChoice { url: database_url(scenario).await?, data_dir: None, schema }).await?;
+    let (url, schema) = (&database.url, &database.schema);
+    database.migrate().await?;
     match scenario {
-        "ingest" => ingest::run(bin, &url, &schema).await,
-        "ingest-single" => ingest_single::run(bin, &url, &schema).await,
-        "fanout" => fanout::run(bin, &url, &schema).await,
-        _ => export::run(bin, &url, &schema).await,
+        "ingest" => ingest::run(bin, url, schema).await,
+        "ingest-single" => ingest_single::run(bin, url, schema).await,
+        "fanout" => fanout::run(bin, url, schema).await,
+        _ => export::run(bin, url, schema).await,
     }
-    let owner = db::connect_owner(&url, &schema).await?;
+    let owner = database.owner().await?;
     owner.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")).await?;
-    if let Some(cluster) = cluster {
-        cluster.stop().await?;
-    }
-    Ok(())
+    database.close().await
 }
 
 /// The PostgreSQL to measure against, found like the tests find theirs: `DATABASE_URL`,
-/// else the local server, else the embedded default's private cluster (started here, and
-/// then stopped at the end, when it was not already running).
-async fn database(scenario: &str) -> anyhow::Result<(String, Option<Embedded>)> {
+/// else the local server, else (`None`) the embedded default's private cluster, which
+/// [`Database`] starts and, when it was not already running, stops at the end.
+async fn database_url(scenario: &str) -> anyhow::Result<Option<String>> {
     if let Ok(url) = std::env::var("DATABASE_URL") {
         if let Err(e) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
             anyhow::bail!(
@@ -69,16 +68,14 @@ async fn database(scenario: &str) -> anyhow::Result<(String, Option<Embedded>)> 
                  point it at one (a superuser: the scenario creates a schema and roles), or unset it"
             );
         }
-        return Ok((url, None));
+        return Ok(Some(url));
     }
     if tokio_postgres::connect(LOCAL, tokio_postgres::NoTls).await.is_ok() {
-        return Ok((LOCAL.to_owned(), None));
+        return Ok(Some(LOCAL.to_owned()));
     }
-    let dir = default_data_dir();
     eprintln!(
         "load: DATABASE_URL is unset and nothing answered at {LOCAL}; using the private cluster under {}",
-        dir.display()
+        default_data_dir().display()
     );
-    let cluster = Embedded::start(&dir).await?;
-    Ok((cluster.url(), Some(cluster)))
+    Ok(None)
 }

@@ -31,8 +31,7 @@
 use rustc_hash::FxHashMap;
 
 use super::view::*;
-use crate::domain::event::shared_null;
-use crate::domain::event::{EventBody, Role};
+use crate::domain::event::{shared_null, EventBody, Role};
 use crate::domain::{Event, Origin, Resolution, RunGuard};
 
 /// Scope key: the run itself is `""`, a child its (non-empty) id. Keying nested maps

@@ -37,3 +37,44 @@ extern "C" fn tune() {
 #[used]
 #[link_section = ".init_array.00102"]
 pub static TUNE: extern "C" fn() = tune;
+
+#[cfg(target_os = "linux")]
+extern "C" {
+    /// mimalloc: frees what the calling thread's heap holds unused and runs the
+    /// arenas' due purges (returns memory to the OS).
+    fn mi_collect(force: bool);
+}
+
+/// Least time between two collections on one thread.
+const COLLECT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Hands memory the calling thread no longer uses back to the OS, at most once a
+/// second per thread; meant for a runtime's `on_thread_park` (a worker about to idle).
+///
+/// mimalloc returns freed memory lazily, during later allocations, and frees made on
+/// another thread wait for the owner's next allocation: an idle server kept what a
+/// burst had needed (20 GraphQL WebSockets that had carried 40,000 events of 2 KB left
+/// the server 70 to 100 MB larger after they closed).
+pub fn collect_when_idle() {
+    thread_local! {
+        static LAST: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
+    }
+    let due = LAST.with(|l| {
+        let now = std::time::Instant::now();
+        let due = l.get().is_none_or(|t| now.duration_since(t) >= COLLECT_EVERY);
+        if due {
+            l.set(Some(now));
+        }
+        due
+    });
+    #[cfg(target_os = "linux")]
+    if due {
+        // SAFETY: mi_collect takes no pointers; it only walks the calling thread's own
+        // heap and the arenas under mimalloc's locks. Not forced: a forced collection
+        // visits every page of the heap, which at 10,000 sockets is a few hundred MB,
+        // and the gentle one was enough to give the memory back (tests/it/attack.rs).
+        unsafe { mi_collect(false) }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = due;
+}

@@ -9,9 +9,9 @@ use crate::domain::event::{Decision, EventBody, Lifecycle, MessageEnd, MessageSt
 use crate::domain::{Batch, Event, Origin};
 use crate::domain::{NewEvent, RunGuard, RunState};
 use crate::error::{Error, ErrorCode, Result};
+use crate::live::views::load_view;
 use crate::projection::RunView;
-use crate::storage::views::{load_view, ViewCache};
-use crate::storage::{self, db::tenant_tx, events, runs, AppendOutcome, Db, Guards, RunInfo};
+use crate::storage::{self, events, runs, AppendOutcome, Db, Guards, RunInfo};
 
 /// Largest page of events one read returns.
 pub const MAX_PAGE: i64 = 10_000;
@@ -34,22 +34,61 @@ pub struct Settings {
     /// Live SSE shedding: a client this many events behind the run's newest seq loses
     /// reasoning deltas, and at [`Shedding::text_behind`] text deltas too.
     pub shedding: Shedding,
+    /// Caps of GraphQL WebSockets.
+    pub ws: WsLimits,
+    /// Pooled database connections idle this long are closed (`None`: kept).
+    pub pool_idle: Option<std::time::Duration>,
 }
 
-/// When a slow SSE client starts losing deltas (seed 004 R4).
+/// Caps of GraphQL WebSockets (README, "Subscriptions"); the timeouts are constants in
+/// `graphql::ws`.
 #[derive(Debug, Clone, Copy)]
-pub struct Shedding {
-    /// Events behind at which reasoning deltas are dropped.
-    pub reasoning_behind: i64,
-    /// Events behind at which text deltas are dropped as well.
-    pub text_behind: i64,
+pub struct WsLimits {
+    /// Operations (subscriptions) open at once on one socket; more get
+    /// `SUBSCRIPTIONS-LIMIT`.
+    pub max_operations: usize,
+    /// Sockets open at once with one API key; more are closed at `connection_init`
+    /// with 4429.
+    pub max_sockets_per_key: usize,
+    /// How long one write may wait on a client that takes nothing before its socket is
+    /// closed with 1013 (it stopped reading).
+    pub stall: std::time::Duration,
 }
 
-impl Default for Shedding {
+impl Default for WsLimits {
     fn default() -> Self {
-        Shedding { reasoning_behind: 2_000, text_behind: 8_000 }
+        // 10,000 sockets: the fanout benchmark's largest cell uses one key.
+        WsLimits {
+            max_operations: 100,
+            max_sockets_per_key: 10_000,
+            stall: std::time::Duration::from_secs(30),
+        }
     }
 }
+
+/// Open WebSockets per API key, for [`WsLimits::max_sockets_per_key`].
+#[derive(Default)]
+pub struct SocketCounts(std::sync::Mutex<std::collections::HashMap<String, usize>>);
+
+/// One counted socket; uncounted when dropped.
+pub struct SocketSlot {
+    counts: Arc<App>,
+    key_id: String,
+}
+
+impl Drop for SocketSlot {
+    fn drop(&mut self) {
+        let mut m = self.counts.ws_sockets.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.key_id) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.key_id);
+            }
+        }
+    }
+}
+
+pub use crate::live::Shedding;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -61,6 +100,8 @@ impl Default for Settings {
             group_commit_lanes: 4,
             cors_origins: Some(vec![]),
             shedding: Shedding::default(),
+            ws: WsLimits::default(),
+            pool_idle: Some(std::time::Duration::from_secs(60)),
         }
     }
 }
@@ -73,23 +114,34 @@ pub struct App {
     pub guards: Arc<Guards>,
     /// Group commit of producer appends (when enabled).
     group: Option<storage::group::GroupCommit>,
-    /// Folded views.
-    pub views: ViewCache,
-    /// Live fan-out and cross-process notifications.
-    pub live: crate::live::Live,
-    /// Key lookups.
-    pub auth: Authenticator,
+    /// Live fan-out, cross-process notifications, and the folded views of runs.
+    pub live: Arc<crate::live::Live>,
+    /// Key lookups (shared with live streams, which re-check their key).
+    pub auth: Arc<Authenticator>,
     /// Process metrics.
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Per-tenant append buckets.
     pub limiter: crate::ratelimit::RateLimiter,
-    /// Set when the process starts shutting down: live streams end cleanly.
-    stopping: tokio::sync::watch::Sender<bool>,
     /// One clone per open WebSocket: the server's graceful shutdown does not wait for
     /// upgraded connections, so it waits on these before the process exits.
     sockets: Arc<()>,
     /// Limits and options.
     pub settings: Settings,
+    /// Open GraphQL WebSockets per key.
+    ws_sockets: SocketCounts,
+}
+
+/// Closes pooled connections idle for `idle`, checking every `idle / 2`. Each connection
+/// keeps the buffers its largest read or write needed (tokio-postgres does not shrink
+/// them): after 20 GraphQL WebSockets had carried 40,000 events of 2 KB, the 32
+/// connections of the pool held some 70 MB, kept until the process ended.
+async fn close_idle_connections(db: Db, idle: std::time::Duration) {
+    let mut tick = tokio::time::interval((idle / 2).max(std::time::Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        db.pool.retain(|_, m| m.last_used() < idle);
+    }
 }
 
 /// Shared handle to the application.
@@ -108,31 +160,46 @@ impl App {
                 settings.group_commit_lanes,
             )
         });
-        let live = crate::live::Live::start(db.url.clone(), db.schema.clone(), metrics.clone());
+        let auth = Arc::new(Authenticator::default());
+        let live = Arc::new(crate::live::Live::start(db.clone(), auth.clone(), metrics.clone()));
+        if let Some(idle) = settings.pool_idle {
+            tokio::spawn(close_idle_connections(db.clone(), idle));
+        }
         Arc::new(App {
             live,
             db,
             guards,
             group,
-            views: ViewCache::default(),
-            auth: Authenticator::default(),
+            auth,
             metrics,
             limiter: Default::default(),
-            stopping: tokio::sync::watch::channel(false).0,
             sockets: Arc::new(()),
             settings,
+            ws_sockets: SocketCounts::default(),
         })
     }
 
     /// Starts a graceful shutdown: open live streams end cleanly (clients resume from
     /// their cursor); requests in flight finish.
     pub fn shut_down(&self) {
-        self.stopping.send_replace(true);
+        self.live.shut_down();
     }
 
     /// Held by an open WebSocket connection for as long as it is open.
     pub fn socket_open(&self) -> Arc<()> {
         self.sockets.clone()
+    }
+
+    /// Counts a GraphQL WebSocket against its key's cap; `None` when the key already
+    /// has [`WsLimits::max_sockets_per_key`] open.
+    pub fn ws_slot(self: &Arc<Self>, key_id: &str) -> Option<SocketSlot> {
+        let mut m = self.ws_sockets.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(key_id.to_owned()).or_insert(0);
+        if *n >= self.settings.ws.max_sockets_per_key {
+            return None;
+        }
+        *n += 1;
+        Some(SocketSlot { counts: self.clone(), key_id: key_id.to_owned() })
     }
 
     /// Waits until every WebSocket connection has closed, or `limit` has passed;
@@ -150,7 +217,7 @@ impl App {
 
     /// A receiver that turns true when the process starts shutting down.
     pub fn stopping(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.stopping.subscribe()
+        self.live.stopping()
     }
 
     /// Resolves a presented key (`None` when the request carried none).
@@ -291,26 +358,19 @@ impl App {
                 format!("`limit` must be between 1 and {MAX_PAGE}"),
             ));
         }
-        // One connection and transaction for both reads (the page may run past the
-        // row's last_seq if an append commits in between; callers page by seq anyway).
-        let mut client = self.db.pool.get().await?;
-        let tx = tenant_tx(&mut client, &who.tenant_id).await?;
-        let run = runs::get_run_in(&tx, &who.tenant_id, run_id).await?;
-        let evs = events::read_after(&tx, &who.tenant_id, &run.run_id, after_seq, limit, filter).await?;
-        tx.commit().await?;
-        Ok((run, evs))
+        events::page(&self.db, &who.tenant_id, run_id, after_seq, limit, filter).await
     }
 
     /// A run's row and its views.
     pub async fn view(&self, who: &Principal, run_id: &str) -> Result<(RunInfo, Arc<RunView>)> {
         who.require(Scope::Read)?;
-        load_view(&self.db, &self.views, &who.tenant_id, run_id).await
+        load_view(&self.db, &self.live.views, &who.tenant_id, run_id).await
     }
 
     /// A run's views at exactly `seq` (0 up to its last seq), folded from the log.
     pub async fn view_at(&self, who: &Principal, run_id: &str, seq: i64) -> Result<(RunInfo, RunView)> {
         who.require(Scope::Read)?;
-        let (run, view) = storage::views::view_at(&self.db, &who.tenant_id, run_id, seq).await?;
+        let (run, view) = crate::live::views::view_at(&self.db, &who.tenant_id, run_id, seq).await?;
         if seq < 0 || seq > run.last_seq {
             return Err(Error::reject(
                 ErrorCode::InvalidParameter,
@@ -359,6 +419,24 @@ impl App {
         self.committed(who, run_id, &out);
         Ok(out)
     }
+}
+
+/// Refuses a resume cursor that names events the run does not have: a client that
+/// claims to have seen seq 57 of a run whose log ends at 42 is following another run (or
+/// a run restored from an older backup), and skipping to "after 57" would hide from it
+/// whatever comes next.
+pub fn check_cursor(run: &RunInfo, cursor: &crate::dialect::Cursor) -> Result<()> {
+    if cursor.max_seq() <= run.last_seq {
+        return Ok(());
+    }
+    Err(Error::reject(
+        ErrorCode::CursorBeyondEnd,
+        format!(
+            "the stream position `{cursor}` is beyond the end of run {}, whose last event is seq {}: \
+             resume with an id this run's stream sent",
+            run.run_id, run.last_seq
+        ),
+    ))
 }
 
 /// What a user can do to a running run (seed 004: AICORE-122 and AICORE-126).

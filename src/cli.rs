@@ -61,9 +61,9 @@ enum Command {
         /// Database connections in the pool.
         #[arg(long, env = "AGENT_STREAM_POOL_SIZE", default_value_t = 32)]
         pool_size: usize,
-        /// Origins allowed to call the API from a browser (comma-separated). With the
-        /// embedded default and none given, any origin is allowed.
-        #[arg(long, env = "AGENT_STREAM_CORS_ORIGINS", value_delimiter = ',')]
+        /// Origins allowed to call the API from a browser (comma-separated), or `*` for
+        /// any origin. With the embedded default and none given, any origin is allowed.
+        #[arg(long, env = "AGENT_STREAM_CORS_ORIGINS", value_delimiter = ',', value_parser = parse_origin)]
         cors_origin: Vec<String>,
         /// Largest request body in bytes.
         #[arg(long, env = "AGENT_STREAM_MAX_BODY_BYTES", default_value_t = 16 << 20)]
@@ -77,6 +77,19 @@ enum Command {
         /// Committer tasks gathering concurrent appends into shared transactions (0: each alone).
         #[arg(long, env = "AGENT_STREAM_GROUP_COMMIT_LANES", default_value_t = 4)]
         group_commit_lanes: usize,
+        /// Seconds a pooled database connection may stay idle before it is closed (0: never).
+        #[arg(long, env = "AGENT_STREAM_POOL_IDLE_SECS", default_value_t = 60)]
+        pool_idle_secs: u64,
+        /// Subscriptions one GraphQL WebSocket may hold open.
+        #[arg(long, env = "AGENT_STREAM_WS_MAX_OPERATIONS", default_value_t = 100)]
+        ws_max_operations: usize,
+        /// Seconds a GraphQL WebSocket may keep a write waiting on a client that reads
+        /// nothing before it is closed (1013).
+        #[arg(long, env = "AGENT_STREAM_WS_STALL_SECS", default_value_t = 30)]
+        ws_stall_secs: u64,
+        /// GraphQL WebSockets one API key may hold open.
+        #[arg(long, env = "AGENT_STREAM_WS_MAX_SOCKETS_PER_KEY", default_value_t = 10_000)]
+        ws_max_sockets_per_key: usize,
         /// Appends per second each tenant may sustain (0: no limit); bursts of twice that.
         #[arg(long, env = "AGENT_STREAM_APPEND_RATE", default_value_t = 10_000.0)]
         append_rate: f64,
@@ -148,16 +161,15 @@ enum Command {
         #[command(flatten)]
         db: DbArgs,
     },
+    /// Ask a running service whether it is ready (`GET /readyz`): prints the answer and
+    /// exits 0 when it is, 1 when not. For container health checks (the image has no curl).
+    Health {
+        /// The service's address; an unspecified one (0.0.0.0) is asked on loopback.
+        #[arg(long, env = "AGENT_STREAM_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+    },
     /// Print the GraphQL schema (SDL).
     Schema,
-    /// Run one load scenario and print its table next to its raw-PostgreSQL baseline
-    /// (BENCHMARKS.md). Uses DATABASE_URL, else the local server on 127.0.0.1:5432, else
-    /// the embedded default's private cluster.
-    Bench {
-        /// The scenario.
-        #[arg(value_parser = clap::builder::PossibleValuesParser::new(crate::load::SCENARIOS))]
-        scenario: String,
-    },
 }
 
 #[derive(Subcommand)]
@@ -249,26 +261,62 @@ enum KeyCmd {
 }
 
 fn init_tracing() {
-    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::filter::{filter_fn, EnvFilter};
+    use tracing_subscriber::prelude::*;
     let filter = EnvFilter::try_from_env("AGENT_STREAM_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info,tokio_postgres=warn"));
+        .unwrap_or_else(|_| EnvFilter::new("info,tokio_postgres=warn,deadpool.postgres=error"));
+    // Whatever the filter says: the PostgreSQL driver logs each statement's parameters
+    // at debug, and those are event payloads and API key hashes.
+    let no_parameters =
+        filter_fn(|m| !(m.target().starts_with("tokio_postgres") && *m.level() > tracing::Level::INFO));
     let json = std::env::var("AGENT_STREAM_LOG_FORMAT").is_ok_and(|v| v == "json");
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     if json {
-        builder.json().init();
+        tracing_subscriber::registry()
+            .with(layer.json().with_filter(filter).with_filter(no_parameters))
+            .init();
     } else {
-        builder.init();
+        tracing_subscriber::registry().with(layer.with_filter(filter).with_filter(no_parameters)).init();
+    }
+}
+
+/// One `--cors-origin`: `*` (any origin) or `scheme://host[:port]`, as browsers send it
+/// in `Origin`. Checked here so a typo fails at start with a message, not a panic in the
+/// CORS layer or an origin that silently never matches.
+fn parse_origin(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.is_empty() || s == "*" {
+        return Ok(s.to_owned());
+    }
+    let bad = || {
+        format!(
+            "`{s}` is not an origin: write it as scheme://host[:port] (for example \
+             https://app.example.com), or `*` for any origin"
+        )
+    };
+    let uri: axum::http::Uri = s.parse().map_err(|_| bad())?;
+    let plain_path = matches!(uri.path(), "" | "/") && uri.query().is_none() && !s.ends_with('?');
+    match (uri.scheme_str(), uri.authority()) {
+        (Some(scheme), Some(auth)) if plain_path && !auth.as_str().contains('@') => {
+            let origin = format!("{scheme}://{auth}");
+            axum::http::HeaderValue::from_str(&origin).map_err(|_| bad())?;
+            Ok(origin)
+        }
+        _ => Err(bad()),
     }
 }
 
 fn parse_scopes(list: &[String]) -> anyhow::Result<Vec<Scope>> {
-    list.iter()
-        .map(|s| {
-            Scope::parse(s.trim())
-                .ok_or_else(|| anyhow::anyhow!("unknown scope `{s}`: use read, write or admin"))
-        })
-        .collect()
+    let mut scopes = vec![];
+    for s in list {
+        let scope = Scope::parse(s.trim())
+            .ok_or_else(|| anyhow::anyhow!("unknown scope `{s}`: use read, write or admin"))?;
+        anyhow::ensure!(!scopes.contains(&scope), "scope `{s}` is listed twice");
+        scopes.push(scope);
+    }
+    anyhow::ensure!(!scopes.is_empty(), "--scopes names no scope: give read, write or admin");
+    Ok(scopes)
 }
 
 /// Runs an administrative action against the database, migrating first and stopping a
@@ -330,6 +378,7 @@ async fn cli_export(
     use tokio::io::AsyncWriteExt;
     let who = app.authenticate(Some(key)).await?;
     let run = app.run(&who, run_id).await?;
+    opts.check_run(&run)?;
     let total =
         (opts.to_seq.unwrap_or(run.last_seq).min(run.last_seq) - opts.from_seq.unwrap_or(1) + 1).max(0);
     let pb = progress(total as u64, "exporting");
@@ -408,9 +457,62 @@ struct LineReader {
     pb: indicatif::ProgressBar,
 }
 
+/// `agent-stream health`: `GET /readyz` on the service at `listen`, within 5 s.
+async fn health(mut listen: SocketAddr) -> anyhow::Result<()> {
+    use anyhow::Context;
+    if listen.ip().is_unspecified() {
+        listen.set_ip(if listen.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    let base = format!("http://{listen}");
+    let ask = readyz(listen);
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(5), ask)
+        .await
+        .map_err(|_| anyhow::anyhow!("{base}/readyz did not answer within 5 s"))?
+        .with_context(|| format!("cannot reach the service at {base}"))?;
+    let (status, body) = answer;
+    println!("{body}");
+    if status != hyper::StatusCode::OK {
+        anyhow::bail!("not ready: {base}/readyz answered {status}");
+    }
+    Ok(())
+}
+
+/// `GET /readyz` on `listen`: its status and body.
+async fn readyz(listen: std::net::SocketAddr) -> anyhow::Result<(hyper::StatusCode, String)> {
+    use http_body_util::{BodyExt, Empty};
+    let tcp = tokio::net::TcpStream::connect(listen).await?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
+    tokio::spawn(conn);
+    let req = hyper::Request::get("/readyz")
+        .header(hyper::header::HOST, listen.to_string())
+        .body(Empty::<bytes::Bytes>::new())?;
+    let answer = send.send_request(req).await?;
+    let status = answer.status();
+    let body = answer.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
 /// Parses the command line and runs the command; what the binary's `main` calls.
-#[tokio::main]
-pub async fn main() -> std::process::ExitCode {
+pub fn main() -> std::process::ExitCode {
+    // A runtime like `#[tokio::main]`'s, whose workers give idle memory back as they park.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_park(crate::alloc::collect_when_idle)
+        .build();
+    match rt {
+        Ok(rt) => rt.block_on(run_main()),
+        Err(e) => {
+            eprintln!("error: could not start the async runtime: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_main() -> std::process::ExitCode {
     init_tracing();
     let cli = Cli::parse();
     match run(cli).await {
@@ -435,6 +537,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             max_batch_events,
             append_rate,
             group_commit_lanes,
+            ws_max_operations,
+            ws_max_sockets_per_key,
+            ws_stall_secs,
+            pool_idle_secs,
             retention,
             retention_interval,
         } => {
@@ -447,6 +553,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     burst: append_rate * 2.0,
                 }),
                 group_commit_lanes,
+                ws: crate::app::WsLimits {
+                    max_operations: ws_max_operations,
+                    max_sockets_per_key: ws_max_sockets_per_key,
+                    stall: std::time::Duration::from_secs(ws_stall_secs.max(1)),
+                },
+                pool_idle: (pool_idle_secs > 0).then(|| std::time::Duration::from_secs(pool_idle_secs)),
                 ..Settings::default()
             };
             let every = (retention_interval > 0).then(|| std::time::Duration::from_secs(retention_interval));
@@ -522,11 +634,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Analyst { cmd: AnalystCmd::Create { tenant, role, password, db } } => {
-            let role = with_owner(&db, async |c| {
+            let login = with_owner(&db, async |c| {
                 Ok(tenants::create_analyst(c, &tenant, &role, password.as_deref()).await?)
             })
             .await?;
-            println!("created analyst login `{role}` for tenant `{tenant}`; see docs/analysts.md");
+            if !login.closed.is_empty() {
+                println!(
+                    "revoked PUBLIC's CONNECT on {} (granted to the logins that had it), so analysts cannot connect there",
+                    login.closed.join(", ")
+                );
+            }
+            for db in &login.still_open {
+                eprintln!(
+                    "warning: analyst logins can still connect to database `{db}`; as its owner or a superuser, \
+                     run: REVOKE CONNECT ON DATABASE \"{db}\" FROM PUBLIC (after granting CONNECT to the roles that need it)"
+                );
+            }
+            println!("created analyst login `{}` for tenant `{tenant}`; see docs/analysts.md", login.role);
             Ok(())
         }
         Command::Export { run_id, out, from_seq, to_seq, format, key, db } => {
@@ -542,10 +666,28 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", crate::graphql::sdl());
             Ok(())
         }
-        Command::Bench { scenario } => {
-            // The scenarios measure a separate `serve` process: this same binary.
-            let me = std::env::current_exe()?;
-            crate::load::run(&scenario, &me).await
+        Command::Health { listen } => health(listen).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_origin;
+
+    #[test]
+    fn cors_origins_are_checked_and_star_means_any() {
+        assert_eq!(parse_origin("*").as_deref(), Ok("*"));
+        assert_eq!(parse_origin("https://app.example.com/").as_deref(), Ok("https://app.example.com"));
+        assert_eq!(parse_origin("http://localhost:3000").as_deref(), Ok("http://localhost:3000"));
+        for bad in [
+            "app.example.com",
+            "https://a.example/path",
+            "https://a.example?x=1",
+            "https://u@a.example",
+            "*.example.com",
+        ] {
+            let e = parse_origin(bad).expect_err(bad);
+            assert!(e.contains("not an origin"), "{bad}: {e}");
         }
     }
 }

@@ -7,6 +7,12 @@
 //! are the stored envelope with the payload passed through as stored; other dialects
 //! fold and encode every event of the range through [`Encoding`](crate::dialect::Encoding), so an export in any
 //! dialect is the same items the stream sends.
+//!
+//! A native export ends with one more line, the [`EndLine`]: `{"export_end": {...}}`
+//! with the number of event lines before it, written only once the read finished. A
+//! reader that does not find it holds a partial export. (An export that fails midway
+//! is also cut off as an error at the transport: see `http::jsonl`.) Dialect exports
+//! carry only their protocol's items, and end as that protocol ends.
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
@@ -16,6 +22,7 @@ use tokio::sync::mpsc;
 use crate::app::AppRef;
 use crate::auth::{Principal, Scope};
 use crate::dialect::Format;
+use crate::domain::jsonl::EndLine;
 use crate::error::{Error, ErrorCode, Result};
 use crate::storage::db::tenant_tx;
 use crate::storage::events::{stream_after, stream_raw, stream_tenant_raw, Filter, ALL_EVENTS};
@@ -40,6 +47,14 @@ pub struct RunExport {
 }
 
 impl RunExport {
+    /// Checks the range against the run: `from_seq` may be at most one past its last
+    /// seq (nothing new yet); further is a cursor beyond its end.
+    pub fn check_run(&self, run: &RunInfo) -> Result<()> {
+        self.check()?;
+        let after = self.from_seq.unwrap_or(1) - 1;
+        crate::app::check_cursor(run, &crate::dialect::Cursor::at(after))
+    }
+
     /// Checks the range: `from_seq` ≥ 1, `to_seq` ≥ `from_seq`.
     pub fn check(&self) -> Result<()> {
         let bad = |m: &str| Err(Error::reject(ErrorCode::InvalidParameter, m));
@@ -102,19 +117,27 @@ pub async fn export_run(
     t.batch_execute("SET LOCAL statement_timeout = 0").await?;
     match enc.as_mut() {
         None => {
-            let rows = stream_raw(&t, &who.tenant_id, &run.run_id, after, upto, &opts.filter).await?;
-            futures::pin_mut!(rows);
-            while let Some(raw) = rows.try_next().await? {
-                raw.write_line(&mut w.buf);
-                w.lines += 1;
-                w.maybe_flush().await?;
+            let mut last_seq = None;
+            {
+                let rows = stream_raw(&t, &who.tenant_id, &run.run_id, after, upto, &opts.filter).await?;
+                futures::pin_mut!(rows);
+                while let Some(raw) = rows.try_next().await? {
+                    raw.write_line(&mut w.buf);
+                    last_seq = Some(raw.seq);
+                    w.lines += 1;
+                    w.maybe_flush().await?;
+                }
             }
+            t.commit().await?;
+            w.end(&EndLine { lines: w.lines, last_seq, runs: None });
+            w.flush().await?;
+            return Ok(w.lines);
         }
         Some(enc) => {
-            if after == 0 {
-                for o in enc.begin() {
-                    write_item(&mut w, &o);
-                }
+            // From the start: the dialect's opening items; from a later seq, a resync
+            // dialect's snapshot of the run up to there, so the file is valid on its own.
+            for o in enc.open() {
+                write_item(&mut w, &o);
             }
             // Dialects fold every event of the range; the filter then picks what is written.
             let events = stream_after(&t, &who.tenant_id, &run.run_id, after, upto, &ALL_EVENTS).await?;
@@ -133,6 +156,19 @@ pub async fn export_run(
     t.commit().await?;
     w.flush().await?;
     Ok(w.lines)
+}
+
+impl Writer {
+    fn end(&mut self, end: &EndLine) {
+        // A struct rather than `json!`, which would sort the fields.
+        #[derive(serde::Serialize)]
+        struct Line<'a> {
+            export_end: &'a EndLine,
+        }
+        if serde_json::to_writer(&mut self.buf, &Line { export_end: end }).is_ok() {
+            self.buf.push(b'\n');
+        }
+    }
 }
 
 fn write_item(w: &mut Writer, o: &crate::dialect::Out) {
@@ -159,16 +195,24 @@ pub async fn export_tenant(
     let t = tenant_tx(&mut client, &who.tenant_id).await?;
     // The query lives as long as the reader takes; the pool's 30 s cap is for requests.
     t.batch_execute("SET LOCAL statement_timeout = 0").await?;
+    let mut runs = 0;
     {
         let rows = stream_tenant_raw(&t, &who.tenant_id, &since, &until).await?;
         futures::pin_mut!(rows);
+        let mut run = String::new();
         while let Some(raw) = rows.try_next().await? {
+            // Rows come by run, so a new run id is a new run.
+            if raw.run_id != run {
+                runs += 1;
+                run.clone_from(&raw.run_id);
+            }
             raw.write_line(&mut w.buf);
             w.lines += 1;
             w.maybe_flush().await?;
         }
     }
     t.commit().await?;
+    w.end(&EndLine { lines: w.lines, last_seq: None, runs: Some(runs) });
     w.flush().await?;
     Ok(w.lines)
 }

@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 
 use crate::app::{App, Settings};
 use crate::auth::Scope;
-use crate::storage::embedded::{default_data_dir, Embedded};
+use crate::storage::embedded::{default_data_dir, Embedded, Supervisor};
 use crate::storage::{db, migrate, tenants, Db, DbConfig};
 
 /// Where the database comes from.
@@ -30,20 +30,58 @@ pub struct Database {
     pub url: String,
     /// Schema in use.
     pub schema: String,
-    /// The private cluster, when one is in use.
+    /// The private cluster, when one is in use (administrative commands).
     pub embedded: Option<Embedded>,
+    /// The private cluster kept running, when one is in use (`serve`).
+    pub supervisor: Option<Supervisor>,
 }
 
 impl Database {
     /// Connects to the given URL or starts/attaches to the private cluster.
     pub async fn open(choice: &DbChoice) -> anyhow::Result<Database> {
         match &choice.url {
-            Some(url) => Ok(Database { url: url.clone(), schema: choice.schema.clone(), embedded: None }),
+            Some(url) => Ok(Database::given(url, choice)),
             None => {
                 let dir = choice.data_dir.clone().unwrap_or_else(default_data_dir);
                 let emb = Embedded::start(&dir).await?;
-                Ok(Database { url: emb.url(), schema: choice.schema.clone(), embedded: Some(emb) })
+                Ok(Database {
+                    url: emb.url(),
+                    schema: choice.schema.clone(),
+                    embedded: Some(emb),
+                    supervisor: None,
+                })
             }
+        }
+    }
+
+    /// As [`Database::open`], with the private cluster kept running by a
+    /// [`Supervisor`] (restarted if it dies) for as long as the service runs.
+    pub async fn open_supervised(choice: &DbChoice) -> anyhow::Result<Database> {
+        match &choice.url {
+            Some(url) => Ok(Database::given(url, choice)),
+            None => {
+                let dir = choice.data_dir.clone().unwrap_or_else(default_data_dir);
+                let sup = Embedded::start_supervised(&dir).await?;
+                Ok(Database {
+                    url: sup.url().to_owned(),
+                    schema: choice.schema.clone(),
+                    embedded: None,
+                    supervisor: Some(sup),
+                })
+            }
+        }
+    }
+
+    fn given(url: &str, choice: &DbChoice) -> Database {
+        Database { url: url.to_owned(), schema: choice.schema.clone(), embedded: None, supervisor: None }
+    }
+
+    /// The private cluster's data directory, when one is in use.
+    pub fn pgdata(&self) -> Option<&std::path::Path> {
+        match (&self.embedded, &self.supervisor) {
+            (Some(e), _) => Some(&e.pgdata),
+            (_, Some(s)) => Some(s.pgdata()),
+            _ => None,
         }
     }
 
@@ -51,6 +89,9 @@ impl Database {
     pub async fn close(self) -> anyhow::Result<()> {
         if let Some(e) = self.embedded {
             e.stop().await?;
+        }
+        if let Some(s) = self.supervisor {
+            s.stop().await?;
         }
         Ok(())
     }
@@ -83,7 +124,7 @@ pub struct ServeOptions {
 
 /// Runs the service until Ctrl-C or SIGTERM.
 pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
-    let database = Database::open(&opts.db).await?;
+    let database = Database::open_supervised(&opts.db).await?;
     let result = serve_on(&database, &opts).await;
     let closed = database.close().await;
     result?;
@@ -96,8 +137,8 @@ async fn serve_on(database: &Database, opts: &ServeOptions) -> anyhow::Result<()
         tracing::info!(applied = ?report.applied, "migrations applied");
     }
     let mut settings = opts.settings.clone();
-    if let Some(emb) = &database.embedded {
-        announce_dev_tenant(database, emb).await?;
+    if let Some(pgdata) = database.pgdata() {
+        announce_dev_tenant(database, pgdata).await?;
         if settings.cors_origins.as_ref().is_some_and(|o| o.is_empty()) {
             // The embedded default is a developer's machine: let local frontends in.
             settings.cors_origins = None;
@@ -132,9 +173,18 @@ async fn serve_on(database: &Database, opts: &ServeOptions) -> anyhow::Result<()
     Ok(())
 }
 
-/// The listener with Nagle's algorithm off on every accepted connection. Streams write
-/// one small frame per event: with Nagle on, a frame written while the previous one is
-/// unacknowledged waits for the ACK, which the client may delay by up to 40 ms.
+/// Unsent bytes a connection's socket may queue before it stops taking more.
+pub const NOTSENT_LOWAT: u32 = 16 * 1024;
+
+/// The listener with every accepted connection tuned for streaming:
+/// - Nagle's algorithm off. Streams write one small frame per event: with Nagle on, a
+///   frame written while the previous one is unacknowledged waits for the ACK, which
+///   the client may delay by up to 40 ms.
+/// - `TCP_NOTSENT_LOWAT` at [`NOTSENT_LOWAT`]: the kernel holds at most that much not
+///   yet sent, instead of megabytes of send buffer. A stream therefore learns that its
+///   client stopped reading while the frames it would queue are still its own to shed
+///   (seed 004 R4), and a stuck client costs little kernel memory. Bytes in flight are
+///   not limited, so throughput over long links is not either.
 pub fn no_delay(
     listener: TcpListener,
 ) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
@@ -143,14 +193,46 @@ pub fn no_delay(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "could not turn Nagle off on a connection");
         }
+        if let Err(e) = set_notsent_lowat(tcp, NOTSENT_LOWAT) {
+            tracing::debug!(error = %e, "could not set TCP_NOTSENT_LOWAT on a connection");
+        }
     })
+}
+
+/// Sets `TCP_NOTSENT_LOWAT` (Linux). Neither `nix` nor `socket2` wraps this option, so
+/// this is the one `setsockopt` call made by hand.
+#[cfg(target_os = "linux")]
+fn set_notsent_lowat(tcp: &tokio::net::TcpStream, bytes: u32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let value = bytes as libc::c_int;
+    // SAFETY: the fd belongs to a live socket borrowed for the call, and the option
+    // value is a c_int of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            tcp.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn set_notsent_lowat(_: &tokio::net::TcpStream, _: u32) -> std::io::Result<()> {
+    Ok(())
 }
 
 /// On first start of the embedded default, creates the `dev` tenant and prints its key
 /// (also saved, readable only by the owner, next to the cluster).
-async fn announce_dev_tenant(database: &Database, emb: &Embedded) -> anyhow::Result<()> {
+async fn announce_dev_tenant(database: &Database, pgdata: &std::path::Path) -> anyhow::Result<()> {
     let mut owner = database.owner().await?;
-    let key_file = emb.pgdata.with_file_name("dev-key");
+    let key_file = pgdata.with_file_name("dev-key");
     if tenants::tenant_id(&owner, "dev").await?.is_some() {
         println!("dev tenant: key saved in {}", key_file.display());
         return Ok(());

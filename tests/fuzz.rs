@@ -27,7 +27,7 @@ fn budget() -> Duration {
 /// Valid inputs to mutate: generated runs as event lines.
 fn seeds() -> Vec<Vec<u8>> {
     (0..12u64)
-        .flat_map(|s| agent_stream::testkit::generated_run_mix(s, 40, 40))
+        .flat_map(|s| agent_stream_core::testkit::generated_run_mix(s, 40, 40))
         .map(|v| serde_json::to_vec(&v).expect("json"))
         .collect()
 }

@@ -1,27 +1,19 @@
 //! Our errors in GraphQL's shape: `message`, plus `extensions.code` (the same stable
 //! code the HTTP API uses) and `extensions.index` for the offending event.
 
-use async_graphql::ErrorExtensions;
-
 use crate::error::{Error, Rejection};
 
-impl ErrorExtensions for Error {
-    fn extend(&self) -> async_graphql::Error {
-        let code = self.code();
-        let (message, index) = self.public_parts();
-        async_graphql::Error::new(message).extend_with(|_, e| {
-            e.set("code", code.as_str());
-            if let Some(i) = index {
-                e.set("index", i as u64);
-            }
-        })
-    }
-}
-
-impl ErrorExtensions for Rejection {
-    fn extend(&self) -> async_graphql::Error {
-        Error::Rejected(self.clone()).extend()
-    }
+/// The GraphQL error for `e`: the one mapping from our errors to GraphQL's shape.
+pub fn gql_error(e: &Error) -> async_graphql::Error {
+    use async_graphql::ErrorExtensions;
+    let code = e.code();
+    let (message, index) = e.public_parts();
+    async_graphql::Error::new(message).extend_with(|_, x| {
+        x.set("code", code.as_str());
+        if let Some(i) = index {
+            x.set("index", i as u64);
+        }
+    })
 }
 
 /// `.gql()?` turns a library result into a resolver result.
@@ -32,6 +24,12 @@ pub trait GqlResult<T> {
 
 impl<T> GqlResult<T> for Result<T, Error> {
     fn gql(self) -> async_graphql::Result<T> {
-        self.map_err(|e| e.extend())
+        self.map_err(|e| gql_error(&e))
+    }
+}
+
+impl<T> GqlResult<T> for Result<T, Rejection> {
+    fn gql(self) -> async_graphql::Result<T> {
+        self.map_err(|r| gql_error(&Error::Rejected(r)))
     }
 }

@@ -269,7 +269,7 @@ impl Query {
             ))
             .gql();
         }
-        let filter = Filter { types, child_id };
+        let filter = Filter::new(types, child_id).gql()?;
         let (_, mut evs) =
             app(ctx)?.events(caller(ctx)?, &run_id, after_seq, first + 1, &filter).await.gql()?;
         let has_next = evs.len() > first as usize;

@@ -9,7 +9,8 @@ use futures::{Stream, StreamExt};
 use super::error::GqlResult;
 use super::schema::GqlRun;
 use super::schema::{app, caller, GqlEvent};
-use crate::dialect::Format;
+use crate::app::check_cursor;
+use crate::dialect::{Cursor, Format};
 use crate::error::{Error, ErrorCode};
 use crate::live::activity::{self, ActivityKind};
 use crate::live::Tail;
@@ -38,6 +39,22 @@ fn cursor(after_seq: Option<i64>) -> async_graphql::Result<i64> {
         }
         a => Ok(a.unwrap_or(0)),
     }
+}
+
+/// A slot among the socket's open operations (WebSocket only: over HTTP there is no
+/// socket, and no subscription either).
+fn slot(ctx: &Context<'_>) -> async_graphql::Result<Option<super::ws::OperationSlot>> {
+    let Some(ops) = ctx.data_opt::<super::ws::Operations>() else { return Ok(None) };
+    let max = app(ctx)?.settings.ws.max_operations;
+    ops.take(max).map(Some).gql()
+}
+
+/// `stream`, holding `slot` for as long as it lives.
+fn holding<S: Stream>(stream: S, slot: Option<super::ws::OperationSlot>) -> impl Stream<Item = S::Item> {
+    stream.map(move |item| {
+        let _held = &slot;
+        item
+    })
 }
 
 /// A tail's batches as a stream; ends after the run's terminal event.
@@ -70,21 +87,24 @@ impl Subscription {
                           carries what it became in it, in `encoded`.")]
         format: Option<String>,
     ) -> async_graphql::Result<impl Stream<Item = GqlEvent>> {
+        let slot = slot(ctx)?;
         let app = app(ctx)?.clone();
         let who = caller(ctx)?.clone();
         let after = cursor(after_seq)?;
         let format = Format::parse(format.as_deref()).gql()?;
         let run = app.run(&who, &run_id).await.gql()?;
+        check_cursor(&run, &Cursor::at(after)).gql()?;
         let mut enc = match format {
             Format::Native => None,
             f => Some(app.encoding(&who, &run, f, after).await.gql()?),
         };
+        // A resync dialect's snapshot rides with the first event after the cursor.
         let mut opening: Vec<Value> = enc
-            .as_mut()
-            .map(|e| e.begin().iter().filter_map(|o| o.json().cloned()).collect())
+            .as_ref()
+            .map(|e| e.open().iter().filter_map(|o| o.json().cloned()).collect())
             .unwrap_or_default();
-        let filter = Filter { types, child_id };
-        let events = events(Tail::new(app, who, run.run_id, after)).filter_map(move |mut g| {
+        let filter = Filter::new(types, child_id).gql()?;
+        let events = events(Tail::new(app.live.clone(), who, run.run_id, after)).filter_map(move |mut g| {
             let e = g.event();
             let encoded = enc.as_mut().map(|enc| {
                 let mut items = std::mem::take(&mut opening);
@@ -95,7 +115,7 @@ impl Subscription {
             g.encoded = encoded;
             futures::future::ready(keep.then_some(g))
         });
-        Ok(events)
+        Ok(holding(events, slot))
     }
 
     /// Changes to the run's view after `afterSeq` (default 0), each with the seq that
@@ -110,9 +130,14 @@ impl Subscription {
         after_seq: Option<i64>,
         #[graphql(default = false)] snapshot: bool,
     ) -> async_graphql::Result<impl Stream<Item = ViewUpdate>> {
+        let slot = slot(ctx)?;
         let app = app(ctx)?.clone();
         let who = caller(ctx)?.clone();
         let after = cursor(after_seq)?;
+        if after_seq.is_some() {
+            let run = app.run(&who, &run_id).await.gql()?;
+            check_cursor(&run, &Cursor::at(after)).gql()?;
+        }
         let (run, view) = match (after_seq, snapshot) {
             (None, true) => {
                 let (run, v) = app.view(&who, &run_id).await.gql()?;
@@ -122,7 +147,7 @@ impl Subscription {
         };
         let start = view.seq;
         let first = snapshot.then(|| ViewUpdate::snapshot(Arc::new(view.clone())));
-        let live = batches(Tail::new(app, who, run.run_id, start))
+        let live = batches(Tail::new(app.live.clone(), who, run.run_id, start))
             .scan(view, |view, batch| {
                 let mut out = vec![];
                 for e in batch.events() {
@@ -132,7 +157,7 @@ impl Subscription {
                 futures::future::ready(Some(out))
             })
             .flat_map(futures::stream::iter);
-        Ok(futures::stream::iter(first).chain(live))
+        Ok(holding(futures::stream::iter(first).chain(live), slot))
     }
 
     /// The tenant's runs as they are created and change lifecycle state, for list
@@ -142,10 +167,11 @@ impl Subscription {
         &self,
         ctx: &Context<'_>,
     ) -> async_graphql::Result<impl Stream<Item = GqlRunActivity>> {
+        let slot = slot(ctx)?;
         let app = app(ctx)?.clone();
         let who = caller(ctx)?.clone();
         who.require(crate::auth::Scope::Read).gql()?;
-        let items = activity::stream(app, who).await.gql()?;
-        Ok(items.map(|a| GqlRunActivity { kind: a.kind, run: GqlRun::from(a.run) }))
+        let items = activity::stream(app.live.clone(), who).await.gql()?;
+        Ok(holding(items.map(|a| GqlRunActivity { kind: a.kind, run: GqlRun::from(a.run) }), slot))
     }
 }

@@ -19,24 +19,41 @@ pub fn status(code: ErrorCode) -> StatusCode {
         RunClosed | SeqConflict | IdempotencyMismatch | AlreadyExists | PlanNotPending => {
             StatusCode::CONFLICT
         }
-        BodyMalformed | EventMalformed | InvalidParameter | BatchEmpty | KeyRepeated => {
+        BodyMalformed | EventMalformed | InvalidParameter | BatchEmpty | KeyRepeated | TextNul => {
             StatusCode::BAD_REQUEST
         }
         UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        // The position asked for lies beyond what the run has: "range not satisfiable".
+        CursorBeyondEnd => StatusCode::RANGE_NOT_SATISFIABLE,
         BodyTooLarge | BatchTooLarge | EventTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        UnknownType | InvalidPayload | Reserved | ToolUnknownCall | ToolDuplicateCall | ToolCallEnded
-        | MessageUnknown | MessageDuplicate | MessageEnded | MessageTextMismatch | LifecycleIllegal
-        | ChildUnknown | ChildDuplicate => StatusCode::UNPROCESSABLE_ENTITY,
-        RateLimited => StatusCode::TOO_MANY_REQUESTS,
+        UnknownType | InvalidPayload | NumberUnstorable | Reserved | ToolUnknownCall | ToolDuplicateCall
+        | ToolCallEnded | MessageUnknown | MessageDuplicate | MessageEnded | MessageTextMismatch
+        | LifecycleIllegal | ChildUnknown | ChildDuplicate => StatusCode::UNPROCESSABLE_ENTITY,
+        RateLimited | SubscriptionsLimit | SocketsLimit => StatusCode::TOO_MANY_REQUESTS,
         Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
-impl IntoResponse for Error {
+/// An [`Error`] on its way to an HTTP client: the one mapping from our errors to HTTP
+/// answers (a newtype, since the error type belongs to the store layer).
+#[derive(Debug)]
+pub struct HttpError(pub Error);
+
+/// What HTTP handlers return.
+pub type ApiResult<T> = std::result::Result<T, HttpError>;
+
+impl<E: Into<Error>> From<E> for HttpError {
+    fn from(e: E) -> Self {
+        HttpError(e.into())
+    }
+}
+
+impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
-        let code = self.code();
-        let (message, index) = self.public_parts();
+        let e = self.0;
+        let code = e.code();
+        let (message, index) = e.public_parts();
         let mut body = json!({ "code": code.as_str(), "message": message });
         if let Some(i) = index {
             body["index"] = json!(i);

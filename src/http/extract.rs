@@ -35,9 +35,9 @@ fn bad_auth() -> Error {
 }
 
 impl FromRequestParts<AppRef> for Caller {
-    type Rejection = Error;
+    type Rejection = super::error::HttpError;
 
-    async fn from_request_parts(parts: &mut Parts, app: &AppRef) -> Result<Self> {
+    async fn from_request_parts(parts: &mut Parts, app: &AppRef) -> super::error::ApiResult<Self> {
         let key = presented_key(parts)?;
         Ok(Caller(app.authenticate(key.as_deref()).await?))
     }
@@ -49,9 +49,9 @@ impl FromRequestParts<AppRef> for Caller {
 pub struct Params<T>(pub T);
 
 impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Params<T> {
-    type Rejection = Error;
+    type Rejection = super::error::HttpError;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self> {
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> super::error::ApiResult<Self> {
         let query: Vec<&str> = parts
             .uri
             .query()
@@ -59,9 +59,9 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Params<
             .split('&')
             .filter(|pair| !pair.is_empty() && pair.split('=').next() != Some("access_token"))
             .collect();
-        serde_urlencoded::from_str::<T>(&query.join("&"))
-            .map(Params)
-            .map_err(|e| Error::reject(ErrorCode::InvalidParameter, format!("invalid query string: {e}")))
+        serde_urlencoded::from_str::<T>(&query.join("&")).map(Params).map_err(|e| {
+            Error::reject(ErrorCode::InvalidParameter, format!("invalid query string: {e}")).into()
+        })
     }
 }
 
@@ -112,6 +112,27 @@ pub async fn read_json<T: serde::de::DeserializeOwned>(
     limit: usize,
 ) -> Result<T> {
     let bytes = read_body(headers, body, limit).await?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| Error::reject(ErrorCode::BodyMalformed, format!("invalid body: {e}")))
+    let malformed =
+        |e: serde_json::Error| Error::reject(ErrorCode::BodyMalformed, format!("invalid body: {e}"));
+    let mut v: serde_json::Value = serde_json::from_slice(&bytes).map_err(malformed)?;
+    crate::domain::text::check_json("body", &mut v)?;
+    serde_json::from_value(v).map_err(malformed)
+}
+
+/// Refuses a request whose path or query string decodes to a NUL character
+/// (`TEXT-NUL`), before any handler sees it: one check for every parameter.
+pub async fn refuse_nul_in_uri(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use crate::domain::text::{nul_rejection, uri_has_nul};
+    use axum::response::IntoResponse;
+    let uri = req.uri();
+    if uri_has_nul(uri.path()) {
+        return super::error::HttpError::from(nul_rejection("the request path")).into_response();
+    }
+    if uri.query().is_some_and(uri_has_nul) {
+        return super::error::HttpError::from(nul_rejection("the query string")).into_response();
+    }
+    next.run(req).await
 }

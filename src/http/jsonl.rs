@@ -35,22 +35,30 @@ pub(crate) struct ExportParams {
 }
 
 /// A body fed by a background export through a bounded channel (constant memory).
+///
+/// The status line has gone out before the export can fail, so a failure (the
+/// database went away, say) ends the body with an error: hyper then drops the
+/// connection without the chunked body's last chunk, and every HTTP client reports a
+/// truncated transfer instead of a clean end. A clean end also carries the native
+/// format's end line (see [`crate::export`]).
 fn streamed<F>(produce: F) -> Response
 where
     F: FnOnce(tokio::sync::mpsc::Sender<bytes::Bytes>) -> futures::future::BoxFuture<'static, Result<u64>>,
 {
     let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL);
-    let job = produce(tx);
-    tokio::spawn(async move {
-        if let Err(e) = job.await {
-            // The status line is gone; the client sees a body cut short.
-            tracing::warn!(error = %e, "JSONL export stopped early");
-        }
-    });
-    let body = Body::from_stream(
-        tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>),
-    );
-    ([(header::CONTENT_TYPE, JSONL)], body).into_response()
+    let job = tokio::spawn(produce(tx));
+    let outcome = futures::stream::once(async move {
+        let failed = match job.await {
+            Ok(Ok(_)) => return None,
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!(error = %failed, "JSONL export stopped early; cutting the response off");
+        Some(Err(std::io::Error::other(format!("export failed: {failed}"))))
+    })
+    .filter_map(futures::future::ready);
+    let data = tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::io::Error>);
+    ([(header::CONTENT_TYPE, JSONL)], Body::from_stream(data.chain(outcome))).into_response()
 }
 
 use futures::{FutureExt, StreamExt};
@@ -61,21 +69,21 @@ pub(crate) async fn export(
     Caller(who): Caller,
     Path(run_id): Path<String>,
     Params(p): Params<ExportParams>,
-) -> Result<Response> {
+) -> super::error::ApiResult<Response> {
     let opts = RunExport {
         from_seq: p.from_seq,
         to_seq: p.to_seq,
-        filter: Filter {
-            types: p
-                .types
+        filter: Filter::new(
+            p.types
                 .map(|t| t.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect()),
-            child_id: p.child_id,
-        },
+            p.child_id,
+        )?,
         format: Format::parse(p.format.as_deref())?,
     };
     opts.check()?;
     // Errors that can be answered with a status come before the body starts.
     let run = app.run(&who, &run_id).await?;
+    opts.check_run(&run)?;
     Ok(streamed(move |tx| export_run(app, who, run, opts, tx).boxed()))
 }
 
@@ -106,12 +114,12 @@ pub(crate) async fn export_all(
     State(app): State<AppRef>,
     Caller(who): Caller,
     Params(p): Params<TenantParams>,
-) -> Result<Response> {
+) -> super::error::ApiResult<Response> {
     who.require(crate::auth::Scope::Read)?;
     let since = time("since", p.since.as_deref())?;
     let until = time("until", p.until.as_deref())?;
     if since.zip(until).is_some_and(|(s, u)| u < s) {
-        return Err(Error::reject(ErrorCode::InvalidParameter, "`until` must not be before `since`"));
+        return Err(Error::reject(ErrorCode::InvalidParameter, "`until` must not be before `since`").into());
     }
     Ok(streamed(move |tx| export_tenant(app, who, since, until, tx).boxed()))
 }
@@ -122,7 +130,7 @@ pub(crate) async fn import(
     Caller(who): Caller,
     headers: HeaderMap,
     body: Body,
-) -> Result<Response> {
+) -> super::error::ApiResult<Response> {
     who.require(crate::auth::Scope::Write)?;
     let bytes = read_body(&headers, body, app.settings.max_import_bytes).await?;
     let run = app.import(&who, &bytes).await?;

@@ -12,7 +12,7 @@ use serde_json::json;
 use super::extract::{read_json, Caller};
 use crate::app::AppRef;
 use crate::auth::Scope;
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, ErrorCode};
 use crate::storage::db::tenant_tx;
 use crate::storage::tenants;
 
@@ -25,7 +25,10 @@ struct NewKey {
 }
 
 /// `GET /v1/keys`: the tenant's keys (ids, scopes, labels, dates; never secrets).
-pub(crate) async fn list(State(app): State<AppRef>, Caller(who): Caller) -> Result<Response> {
+pub(crate) async fn list(
+    State(app): State<AppRef>,
+    Caller(who): Caller,
+) -> super::error::ApiResult<Response> {
     who.require(Scope::Admin)?;
     let mut client = app.db.pool.get().await?;
     let tx = tenant_tx(&mut client, &who.tenant_id).await?;
@@ -40,23 +43,33 @@ pub(crate) async fn create(
     Caller(who): Caller,
     headers: HeaderMap,
     body: Body,
-) -> Result<Response> {
+) -> super::error::ApiResult<Response> {
     who.require(Scope::Admin)?;
     let req: NewKey = read_json(&headers, body, 16 << 10).await?;
-    let scopes = req
-        .scopes
-        .iter()
-        .map(|s| {
-            Scope::parse(s).ok_or_else(|| {
-                Error::reject(
-                    ErrorCode::InvalidParameter,
-                    format!("unknown scope `{s}`: use read, write or admin"),
-                )
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let mut scopes = Vec::with_capacity(req.scopes.len());
+    for s in &req.scopes {
+        let scope = Scope::parse(s).ok_or_else(|| {
+            Error::reject(
+                ErrorCode::InvalidParameter,
+                format!("unknown scope `{}`: use read, write or admin", crate::domain::text::echo(s)),
+            )
+        })?;
+        if scopes.contains(&scope) {
+            return Err(
+                Error::reject(ErrorCode::InvalidParameter, format!("scope `{s}` is listed twice")).into()
+            );
+        }
+        scopes.push(scope);
+    }
+    if scopes.is_empty() {
+        return Err(Error::reject(
+            ErrorCode::InvalidParameter,
+            "`scopes` names no scope: give read, write or admin",
+        )
+        .into());
+    }
     if req.label.as_ref().is_some_and(|l| l.len() > 200) {
-        return Err(Error::reject(ErrorCode::InvalidParameter, "`label` is at most 200 bytes"));
+        return Err(Error::reject(ErrorCode::InvalidParameter, "`label` is at most 200 bytes").into());
     }
     let mut client = app.db.pool.get().await?;
     let tx = tenant_tx(&mut client, &who.tenant_id).await?;
@@ -76,7 +89,7 @@ pub(crate) async fn revoke(
     State(app): State<AppRef>,
     Caller(who): Caller,
     Path(key_id): Path<String>,
-) -> Result<Response> {
+) -> super::error::ApiResult<Response> {
     who.require(Scope::Admin)?;
     let mut client = app.db.pool.get().await?;
     let tx = tenant_tx(&mut client, &who.tenant_id).await?;
@@ -85,6 +98,10 @@ pub(crate) async fn revoke(
     if revoked {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
-        Err(Error::reject(ErrorCode::NotFound, format!("no live key `{key_id}` in this tenant")))
+        Err(Error::reject(
+            ErrorCode::NotFound,
+            format!("no live key `{}` in this tenant", crate::domain::text::echo(&key_id)),
+        )
+        .into())
     }
 }

@@ -44,8 +44,9 @@ pub fn router(app: AppRef) -> Router {
         .route("/v1/keys", get(keys::list).post(keys::create))
         .route("/v1/keys/{key_id}", axum::routing::delete(keys::revoke))
         .merge(crate::graphql::routes())
-        .fallback(|| async { Error::reject(ErrorCode::NotFound, "no such route; see the README for the API") })
+        .fallback(|| async { error::HttpError::from(Error::reject(ErrorCode::NotFound, "no such route; see the README for the API")) })
         .with_state(app)
+        .layer(axum::middleware::from_fn(extract::refuse_nul_in_uri))
         .layer(cors)
         .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
         .layer(
@@ -60,9 +61,12 @@ pub fn router(app: AppRef) -> Router {
 }
 
 fn cors(origins: &Option<Vec<String>>) -> CorsLayer {
+    // `*` in the list means any origin (tower-http refuses it inside a list).
     let allow = match origins {
-        None => AllowOrigin::any(),
-        Some(list) => AllowOrigin::list(list.iter().filter_map(|o| HeaderValue::from_str(o).ok())),
+        Some(list) if !list.iter().any(|o| o == "*") => {
+            AllowOrigin::list(list.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+        }
+        _ => AllowOrigin::any(),
     };
     CorsLayer::new()
         .allow_origin(allow)

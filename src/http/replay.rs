@@ -2,6 +2,8 @@
 //! recorded at, in any dialect, resumable with `Last-Event-ID` like the live stream.
 //! It covers the log as stored when the request came.
 
+use std::time::Duration;
+
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -10,11 +12,12 @@ use serde::Deserialize;
 
 use super::extract::{Caller, Params};
 use super::stream::{resume_point, sse_response, Sending, Source};
-use crate::app::{AppRef, Shedding};
+use crate::app::{check_cursor, AppRef, Shedding};
 use crate::auth::Principal;
 use crate::dialect::Format;
 use crate::domain::Event;
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, ErrorCode};
+use crate::live::shed::Shedder;
 use crate::live::Batch;
 use crate::storage::events::Filter;
 
@@ -29,7 +32,7 @@ pub(crate) struct ReplayParams {
     #[serde(default)]
     speed: Option<f64>,
     #[serde(default)]
-    after_seq: Option<i64>,
+    after_seq: Option<String>,
     #[serde(default)]
     format: Option<String>,
 }
@@ -70,8 +73,11 @@ impl Source for Paced {
         let e = self.page.pop_front()?;
         if let Some(prev) = self.last_ts {
             let gap = (e.ts - prev).to_std().unwrap_or_default();
+            // `gap / speed` overflows a Duration at tiny speeds (`1e-300`), where
+            // `div_f64` panics: such a speed asks for an endless wait, so wait that.
+            let wait = Duration::try_from_secs_f64(gap.as_secs_f64() / self.speed).unwrap_or(Duration::MAX);
             tokio::select! {
-                _ = tokio::time::sleep(gap.div_f64(self.speed)) => {}
+                _ = tokio::time::sleep(wait) => {}
                 // Shutting down: end now; the client resumes after its last id.
                 _ = stopping.changed() => return None,
             }
@@ -93,34 +99,35 @@ pub(crate) async fn replay(
     Path(run_id): Path<String>,
     Params(p): Params<ReplayParams>,
     headers: HeaderMap,
-) -> Result<Response> {
+) -> super::error::ApiResult<Response> {
     let speed = p.speed.unwrap_or(1.0);
     if !(speed > 0.0 && speed <= MAX_SPEED) {
         return Err(Error::reject(
             ErrorCode::InvalidParameter,
             format!("`speed` must be more than 0 and at most {MAX_SPEED}"),
-        ));
+        )
+        .into());
     }
-    let cursor = resume_point(&headers, p.after_seq)?;
+    let cursor = resume_point(&headers, p.after_seq.as_deref())?;
     let format = Format::parse(p.format.as_deref())?;
     let run = app.run(&who, &run_id).await?;
-    if run.last_seq <= cursor {
+    check_cursor(&run, &cursor)?;
+    if run.last_seq <= cursor.complete_seq() {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
-    let enc = app.encoding(&who, &run, format, cursor).await?;
+    let base = cursor.complete_seq();
+    let enc = app.encoding(&who, &run, format, base).await?;
     let source = Paced {
         app,
         who,
         run_id: run.run_id.clone(),
-        cursor,
+        cursor: base,
         upto: run.last_seq,
         speed,
         page: Default::default(),
         last_ts: None,
     };
     // Replay shows every event at its pace: no merging, no shedding.
-    Ok(sse_response(
-        Sending::new(source, enc, true, Shedding { reasoning_behind: i64::MAX, text_behind: i64::MAX }),
-        format,
-    ))
+    let shedder = Shedder::new(Shedding::default(), false);
+    Ok(sse_response(Sending::new(source, enc, true, shedder, &cursor), format))
 }

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::extract::{framing, read_body, Caller, Params};
 use crate::app::AppRef;
 use crate::domain::input::parse_batch;
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, ErrorCode};
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -25,7 +25,7 @@ pub(crate) async fn create(
     Caller(who): Caller,
     headers: HeaderMap,
     body: Body,
-) -> Result<Response> {
+) -> super::error::ApiResult<Response> {
     let bytes = read_body(&headers, body, 64 << 10).await?;
     let req: CreateRun = if bytes.iter().all(u8::is_ascii_whitespace) {
         CreateRun::default()
@@ -42,7 +42,7 @@ pub(crate) async fn get(
     State(app): State<AppRef>,
     Caller(who): Caller,
     Path(run_id): Path<String>,
-) -> Result<Response> {
+) -> super::error::ApiResult<Response> {
     Ok(Json(app.run(&who, &run_id).await?).into_response())
 }
 
@@ -61,7 +61,7 @@ pub(crate) async fn append(
     Params(params): Params<AppendParams>,
     headers: HeaderMap,
     body: Body,
-) -> Result<Response> {
+) -> super::error::ApiResult<Response> {
     let framing = framing(&headers)?;
     let bytes = read_body(&headers, body, app.settings.max_body_bytes).await?;
     let mut batch = parse_batch(&bytes, framing, app.settings.limits)?;
@@ -70,7 +70,8 @@ pub(crate) async fn append(
             return Err(Error::reject(
                 ErrorCode::InvalidParameter,
                 "`expected_last_seq` differs between the query string and the body",
-            ));
+            )
+            .into());
         }
         batch.expected_last_seq = Some(expected);
     }
@@ -110,7 +111,7 @@ pub(crate) async fn list(
     Caller(who): Caller,
     Path(run_id): Path<String>,
     Params(p): Params<ReadParams>,
-) -> Result<Response> {
+) -> super::error::ApiResult<Response> {
     let (run, events) = app.events(&who, &run_id, p.after_seq, p.limit, &Default::default()).await?;
     let next = events.last().map_or(p.after_seq, |e| e.seq);
     Ok(Json(EventPage { run_id: run.run_id, last_seq: run.last_seq, next_after_seq: next, events })
@@ -122,7 +123,7 @@ pub(crate) async fn view(
     State(app): State<AppRef>,
     Caller(who): Caller,
     Path(run_id): Path<String>,
-) -> Result<Response> {
+) -> super::error::ApiResult<Response> {
     let (_, view) = app.view(&who, &run_id).await?;
     Ok(Json(&*view).into_response())
 }

@@ -19,7 +19,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use futures::Stream;
 use tokio::time::{Instant, Sleep};
 
-use crate::dialect::{Data, Out};
+use crate::dialect::{Cursor, Data, Out};
 
 /// Keep-alive comment interval (seed 004 §5.1).
 pub(crate) const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -28,9 +28,13 @@ const RETRY: Duration = Duration::from_secs(2);
 const KEEPALIVE_COMMENT: &[u8] = b":keepalive\n\n";
 
 /// Appends one SSE frame: `id:`, `event:` when named, one `data:` line per line of data.
-pub(crate) fn write_frame(buf: &mut BytesMut, id: i64, event: Option<&str>, data: &str) {
+pub(crate) fn write_frame(buf: &mut BytesMut, id: &Cursor, event: Option<&str>, data: &str) {
     buf.put_slice(b"id: ");
-    buf.put_slice(itoa::Buffer::new().format(id).as_bytes());
+    if id.is_plain() {
+        buf.put_slice(itoa::Buffer::new().format(id.seq).as_bytes());
+    } else {
+        buf.put_slice(id.to_string().as_bytes());
+    }
     buf.put_u8(b'\n');
     if let Some(name) = event {
         buf.put_slice(b"event: ");
@@ -47,7 +51,16 @@ pub(crate) fn write_frame(buf: &mut BytesMut, id: i64, event: Option<&str>, data
 
 /// Appends the frame of one item.
 fn write_item(buf: &mut BytesMut, o: &Out) {
-    write_frame(buf, o.seq, o.event.as_deref(), &o.to_text());
+    write_frame(buf, &o.cursor(), o.event.as_deref(), &o.to_text());
+}
+
+/// The item's frame, shared with every subscriber of its page when it is the page's
+/// rendering under the event's own id (anything else is framed for this stream).
+fn framed(o: &Out) -> Option<Bytes> {
+    match &o.data {
+        Data::Wire(w) if o.cursor() == Cursor::at(o.seq) => Some(w.framed(|| frame(o))),
+        _ => None,
+    }
 }
 
 /// The frame of one item on its own.
@@ -68,18 +81,15 @@ const CHUNK: usize = 4 * 1024;
 /// chunks of at most [`CHUNK`] bytes (a frame bigger than that is a chunk of its own).
 pub(crate) fn chunks(items: &[Out], out: &mut VecDeque<Bytes>) {
     if let [one] = items {
-        out.push_back(match &one.data {
-            Data::Wire(w) => w.framed(|| frame(one)),
-            _ => frame(one),
-        });
+        out.push_back(framed(one).unwrap_or_else(|| frame(one)));
         return;
     }
     let mut buf = BytesMut::new();
     for o in items {
         let start = buf.len();
-        match &o.data {
-            Data::Wire(w) => buf.put_slice(&w.framed(|| frame(o))),
-            _ => write_item(&mut buf, o),
+        match framed(o) {
+            Some(f) => buf.put_slice(&f),
+            None => write_item(&mut buf, o),
         }
         if start > 0 && buf.len() > CHUNK {
             // This frame does not fit: what came before it is a chunk.
@@ -106,8 +116,8 @@ where
     r
 }
 
-/// Chunks, the first one preceded by the `retry:` hint, with keep-alive comments in
-/// the silences.
+/// Chunks, after the `retry:` hint (sent at once, so a client that reconnects before
+/// any event arrived still has it), with keep-alive comments in the silences.
 struct KeepAlive {
     chunks: Pin<Box<dyn Stream<Item = Bytes> + Send>>,
     every: Duration,
@@ -136,16 +146,14 @@ impl Stream for KeepAlive {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
+        if !this.opened {
+            this.opened = true;
+            // A block with no data dispatches no event; EventSource keeps the delay.
+            return Poll::Ready(Some(Ok(Bytes::from(format!("retry: {}\n\n", RETRY.as_millis())))));
+        }
         match this.chunks.as_mut().poll_next(cx) {
             Poll::Ready(Some(c)) => {
                 this.last = Instant::now();
-                if !this.opened {
-                    this.opened = true;
-                    // A block with no data dispatches no event; EventSource keeps the delay.
-                    let mut first = BytesMut::from(format!("retry: {}\n\n", RETRY.as_millis()).as_str());
-                    first.put_slice(&c);
-                    return Poll::Ready(Some(Ok(first.freeze())));
-                }
                 return Poll::Ready(Some(Ok(c)));
             }
             Poll::Ready(None) => return Poll::Ready(None),
@@ -181,23 +189,23 @@ mod tests {
     #[test]
     fn a_frame_has_id_event_and_one_data_line_per_line() {
         let mut buf = BytesMut::new();
-        write_frame(&mut buf, 42, Some("text.delta"), "a\nb");
+        write_frame(&mut buf, &Cursor::at(42), Some("text.delta"), "a\nb");
         assert_eq!(text(&buf.freeze()), "id: 42\nevent: text.delta\ndata: a\ndata: b\n\n");
         let mut buf = BytesMut::new();
-        write_frame(&mut buf, 7, None, "[DONE]");
+        write_frame(&mut buf, &Cursor::at(7), None, "[DONE]");
         assert_eq!(text(&buf.freeze()), "id: 7\ndata: [DONE]\n\n");
+        let mut buf = BytesMut::new();
+        write_frame(&mut buf, &Cursor::parse("7.2:9,12").expect("cursor"), None, "{}");
+        assert_eq!(text(&buf.freeze()), "id: 7.2:9,12\ndata: {}\n\n");
     }
 
     #[test]
     fn subscribers_of_a_page_share_one_frame() {
         let w = Wire::new(br#"{"seq":3}"#.to_vec());
         let item = |w: &Wire| Out {
-            seq: 3,
-            first_seq: 3,
             event: Some("tool.start".into()),
             data: Data::Wire(w.clone()),
-            class: crate::dialect::Class::Control,
-            terminal: false,
+            ..Out::control(3, serde_json::Value::Null)
         };
         let one = |items: &[Out]| {
             let mut out = VecDeque::new();
@@ -241,8 +249,10 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(100)).await;
             drop(tx);
         });
-        assert_eq!(next(&mut body).await.as_deref(), Some(&b"retry: 2000\n\n0"[..]));
-        for i in 1..6u8 {
+        // The hint comes at once, before any chunk.
+        assert_eq!(next(&mut body).await.as_deref(), Some(&b"retry: 2000\n\n"[..]));
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        for i in 0..6u8 {
             assert_eq!(next(&mut body).await, Some(Bytes::from(vec![b'0' + i])));
         }
         assert_eq!(start.elapsed(), Duration::from_secs(60));

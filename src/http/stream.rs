@@ -1,90 +1,101 @@
 //! `GET /v1/runs/{run_id}/stream`: the run's events as Server-Sent Events, catch-up
 //! then live, resumable.
 //!
-//! Every frame carries `id: <seq>` (for merged deltas, the last seq they cover). A
+//! Every frame carries an `id:` (a [`Cursor`]: the seq of the event for most items). A
 //! reconnect resumes after `Last-Event-ID` (which wins over `?after_seq=`, since
-//! EventSource reconnects with its original URL). Events come from a [`Tail`], the
-//! shared catch-up-then-live cursor. By default consecutive deltas of one message are
-//! merged into at most one frame per 100 ms window (seed 004 R1); `?detail=full` sends
-//! every event. Control events are never merged or delayed. The stream ends after the
+//! EventSource reconnects with its original URL) and gets exactly what it has not seen:
+//! see the dialect's resume rule in `src/dialect/`. Events come from a [`Tail`], the
+//! shared catch-up-then-live cursor. By default deltas are merged per lane into at most
+//! 10 frames a second for the whole run (seed 004 R1, [`Shaper`]); `?detail=full` sends
+//! every item. Control items are never merged or delayed. The stream ends after the
 //! run's terminal lifecycle event; a reconnect to a finished run with nothing left gets
-//! 204, which tells EventSource to stop.
+//! 204, which tells EventSource to stop; a cursor beyond the run's end is refused
+//! (`416 CURSOR-BEYOND-END`), never silently skipped.
 //!
-//! A live client that falls behind the run's newest seq (its socket is full, so the
-//! stream is not polled) loses reasoning deltas, and further behind text deltas too;
-//! the terminal event's payload says how many in `dropped_count`. The seq gaps show
-//! where; the dropped text is still in the `message.end` and the run's view.
+//! A reader that cannot keep up loses reasoning deltas, then text deltas, never anything
+//! else (R4, [`Shedder`]); the terminal item says how many in `dropped_count`.
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use serde::Deserialize;
+use tokio::time::Instant;
 
 use super::extract::{Caller, Params};
-use crate::app::AppRef;
-use crate::app::Shedding;
-use crate::dialect::{Class, Encoding, Format, Out};
+use crate::app::{check_cursor, AppRef};
+use crate::dialect::resume::Resumer;
+use crate::dialect::shape::Shaper;
+use crate::dialect::{Class, Cursor, Encoding, Format, Out, Resume};
 use crate::error::{Error, ErrorCode, Result};
-use crate::live::shape::{Aggregator, WINDOW};
+use crate::live::shed::{drops, Shedder};
 use crate::live::{Batch, Tail};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StreamParams {
     #[serde(default)]
-    after_seq: Option<i64>,
+    after_seq: Option<String>,
     #[serde(default)]
     detail: Option<String>,
     #[serde(default)]
     format: Option<String>,
 }
 
-pub(super) fn resume_point(headers: &HeaderMap, after_seq: Option<i64>) -> Result<i64> {
-    let header = headers.get("last-event-id").map(|v| {
-        v.to_str().ok().and_then(|s| s.trim().parse::<i64>().ok()).filter(|n| *n >= 0).ok_or_else(|| {
+/// Where a stream resumes: `Last-Event-ID` if sent, else `after_seq`, else the start.
+pub(super) fn resume_point(headers: &HeaderMap, after_seq: Option<&str>) -> Result<Cursor> {
+    if let Some(v) = headers.get("last-event-id") {
+        let s = v.to_str().map_err(|_| {
+            Error::reject(ErrorCode::InvalidParameter, "`Last-Event-ID` must be an id this service sent")
+        })?;
+        return Ok(Cursor::parse(s)?);
+    }
+    match after_seq {
+        Some(a) => Cursor::parse(a).map_err(|_| {
             Error::reject(
                 ErrorCode::InvalidParameter,
-                "`Last-Event-ID` must be a seq (an integer, 0 or more)",
+                "`after_seq` must be a seq (0 or more) or an `id` this service sent",
             )
-        })
-    });
-    match (header, after_seq) {
-        (Some(h), _) => h,
-        (None, Some(a)) if a >= 0 => Ok(a),
-        (None, Some(_)) => Err(Error::reject(ErrorCode::InvalidParameter, "`after_seq` must be 0 or more")),
-        (None, None) => Ok(0),
+        }),
+        None => Ok(Cursor::at(0)),
     }
 }
 
-/// `GET /v1/runs/{run_id}/stream[?after_seq=N][&detail=full]`
+/// `GET /v1/runs/{run_id}/stream[?after_seq=N][&detail=full][&format=]`
 pub(crate) async fn stream(
     State(app): State<AppRef>,
     Caller(who): Caller,
     Path(run_id): Path<String>,
     Params(p): Params<StreamParams>,
     headers: HeaderMap,
-) -> Result<Response> {
-    let cursor = resume_point(&headers, p.after_seq)?;
+) -> super::error::ApiResult<Response> {
+    let cursor = resume_point(&headers, p.after_seq.as_deref())?;
     let raw = match p.detail.as_deref() {
         None | Some("default") => false,
         Some("full") => true,
         Some(other) => {
             return Err(Error::reject(
                 ErrorCode::InvalidParameter,
-                format!("`detail` must be `full` or `default`, not `{other}`"),
-            ))
+                format!(
+                    "`detail` must be `full` or `default`, not `{}`",
+                    other.chars().take(40).collect::<String>()
+                ),
+            )
+            .into())
         }
     };
     let format = Format::parse(p.format.as_deref())?;
     let run = app.run(&who, &run_id).await?;
-    if run.state.is_some_and(|s| s.is_terminal()) && run.last_seq <= cursor {
+    check_cursor(&run, &cursor)?;
+    let ended = run.state.is_some_and(|s| s.is_terminal());
+    if ended && cursor.complete_seq() >= run.last_seq {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
-    let enc = app.encoding(&who, &run, format, cursor).await?;
+    let base = cursor.complete_seq();
+    let enc = app.encoding(&who, &run, format, base).await?;
     let shedding = app.settings.shedding;
-    let tail = Tail::new(app, who, run.run_id, cursor);
-    Ok(sse_response(Sending::new(tail, enc, raw, shedding), format))
+    let tail = Tail::new(app.live.clone(), who, run.run_id, base);
+    Ok(sse_response(Sending::new(tail, enc, raw, Shedder::new(shedding, !ended), &cursor), format))
 }
 
 /// The SSE response for a stream, with the dialect's headers.
@@ -119,113 +130,138 @@ impl Source for Tail {
     }
 }
 
-/// One SSE stream: events from a source, encoded in a dialect, shed under
-/// backpressure, merged per window.
+/// Events encoded per step: a client that stops reading leaves at most this many
+/// events' items built and waiting, not a whole page's.
+const EVENTS_PER_STEP: usize = 32;
+/// Items handed to the transport per step.
+const ITEMS_PER_STEP: usize = 64;
+
+/// One SSE stream: events from a source, encoded in a dialect, filtered for a resume,
+/// shed under backpressure, shaped per window.
 pub(super) struct Sending<S> {
     source: S,
     enc: Encoding,
-    agg: Aggregator,
-    /// Opening items still to send (a stream from the start of the run).
-    opening: Vec<Out>,
-    /// When the pending merged deltas must go out.
-    window_end: Option<tokio::time::Instant>,
-    /// `detail=full`: every item as it is, no merging.
-    raw: bool,
+    resumer: Resumer,
+    shaper: Shaper,
+    shedder: Shedder,
+    /// Shaped items waiting for the transport.
+    ready: Vec<Out>,
+    /// The batch being encoded and the index of its next event.
+    batch: Option<(Batch, usize)>,
+    /// What the reader loses while encoding the current batch (R4).
+    level: Option<Class>,
     ended: bool,
-    shedding: Shedding,
     /// Deltas dropped because the client fell behind (reported in the terminal item).
     dropped: u64,
 }
 
 impl<S: Source> Sending<S> {
-    pub(super) fn new(source: S, mut enc: Encoding, raw: bool, shedding: Shedding) -> Self {
-        let opening = if enc.view_seq() == 0 { enc.begin() } else { vec![] };
+    /// A stream whose client stands at `cursor` (its encoding starts at the cursor's
+    /// last complete event).
+    pub(super) fn new(source: S, enc: Encoding, raw: bool, shedder: Shedder, cursor: &Cursor) -> Self {
+        let now = Instant::now();
+        let resume = enc.resume();
+        // A resync dialect re-synchronises the client at the base: that is where it stands.
+        let start = match resume {
+            Resume::Exact => cursor.clone(),
+            Resume::Resync => Cursor::at(enc.view_seq()),
+        };
+        let mut shaper = Shaper::new(raw, start, now);
+        if resume == Resume::Resync {
+            shaper = shaper.resumed(cursor);
+        }
+        let mut ready = vec![];
+        for o in enc.open() {
+            shaper.push(&enc, o, now, &mut ready);
+        }
         Sending {
             source,
+            resumer: Resumer::new(cursor, resume),
             enc,
-            agg: Aggregator::default(),
-            opening,
-            window_end: None,
-            raw,
+            shaper,
+            shedder,
+            ready,
+            batch: None,
+            level: None,
             ended: false,
-            shedding,
             dropped: 0,
         }
     }
 
     /// The next items to send; `None` ends the stream.
     async fn next(&mut self) -> Option<Vec<Out>> {
-        if !self.opening.is_empty() {
-            return Some(std::mem::take(&mut self.opening));
-        }
         loop {
-            if self.ended {
-                return self.agg.flush().map(|f| vec![f]);
+            if !self.ready.is_empty() {
+                let n = self.ready.len().min(ITEMS_PER_STEP);
+                return Some(self.ready.drain(..n).collect());
             }
-            let batch = match self.window_end {
-                Some(end) => match tokio::time::timeout_at(end, self.source.next_batch()).await {
+            if self.ended {
+                return None;
+            }
+            if let Some((batch, from)) = self.batch.take() {
+                self.encode(&batch, from);
+                continue;
+            }
+            let next = match self.shaper.due() {
+                Some(due) => match tokio::time::timeout_at(due, self.source.next_batch()).await {
                     Ok(b) => b,
                     Err(_) => {
                         // The window closed: the merged deltas go out.
-                        self.window_end = None;
-                        return self.agg.flush().map(|f| vec![f]);
+                        self.shaper.tick(Instant::now(), &mut self.ready);
+                        continue;
                     }
                 },
                 None => self.source.next_batch().await,
             };
-            let Some(batch) = batch else {
-                self.ended = true;
-                continue;
-            };
-            let behind = self.source.behind();
-            let mut items = Vec::with_capacity(batch.events().len());
-            for (e, wire) in batch.iter() {
-                self.enc.push_into(e, Some(wire), &mut items);
-            }
-            let dropped = shed(&mut items, behind, self.shedding);
-            if dropped > 0 {
-                self.dropped += dropped;
-                self.source.note_dropped(dropped);
-            }
-            if self.raw {
-                if items.is_empty() {
-                    continue;
+            match next {
+                Some(batch) => {
+                    self.level = self.shedder.level(self.source.behind(), Instant::now());
+                    self.batch = Some((batch, 0));
                 }
-                return Some(items);
+                None => {
+                    self.ended = true;
+                    let mut rest = vec![];
+                    self.resumer.finish(&mut rest);
+                    self.shape(rest);
+                    self.shaper.flush(Instant::now(), &mut self.ready);
+                }
             }
-            let mut out = vec![];
-            for o in items {
-                out.extend(self.agg.push(&self.enc, o));
-            }
-            if !self.agg.has_pending() {
-                self.window_end = None;
-            } else if self.window_end.is_none() {
-                self.window_end = Some(tokio::time::Instant::now() + WINDOW);
-            }
-            if !out.is_empty() {
-                return Some(out);
-            }
+        }
+    }
+
+    /// Encodes up to [`EVENTS_PER_STEP`] events of `batch` from index `from`, keeping
+    /// the rest for the next step.
+    fn encode(&mut self, batch: &Batch, from: usize) {
+        let to = (from + EVENTS_PER_STEP).min(batch.events().len());
+        let mut items = Vec::with_capacity(to - from);
+        for (e, wire) in batch.iter().skip(from).take(to - from) {
+            self.enc.push_into(e, Some(wire), &mut items);
+        }
+        if to < batch.events().len() {
+            self.batch = Some((batch.clone(), to));
+        }
+        let level = self.level;
+        let before = items.len();
+        items.retain(|o| !drops(level, o.class));
+        let dropped = (before - items.len()) as u64;
+        if dropped > 0 {
+            self.dropped += dropped;
+            self.source.note_dropped(dropped);
+        }
+        let mut kept = Vec::with_capacity(items.len());
+        self.resumer.push(items, &mut kept);
+        self.shape(kept);
+    }
+
+    fn shape(&mut self, items: Vec<Out>) {
+        let now = Instant::now();
+        for o in items {
+            self.shaper.push(&self.enc, o, now, &mut self.ready);
         }
     }
 }
 
-/// Seed 004 R4: a client that falls behind loses reasoning deltas first, then text
-/// deltas; never control items. Returns how many were dropped.
-fn shed(items: &mut Vec<Out>, behind: i64, s: Shedding) -> u64 {
-    if behind < s.reasoning_behind {
-        return 0;
-    }
-    let text_too = behind >= s.text_behind;
-    let before = items.len();
-    items.retain(|o| match o.class {
-        Class::Reasoning => false,
-        Class::Text => !text_too,
-        Class::Control => true,
-    });
-    (before - items.len()) as u64
-}
-
-/// The stream's body: each batch of items as SSE frames, in chunks.
+/// The stream's body: each step's items as SSE frames, in chunks.
 fn chunks<S: Source + Send + 'static>(state: Sending<S>) -> impl Stream<Item = bytes::Bytes> {
     let ready = std::collections::VecDeque::new();
     futures::stream::unfold((state, ready), |(mut s, mut ready)| async move {
@@ -248,10 +284,11 @@ mod tests {
     //! Seed 004 T4 on tokio's paused clock: the windows are exact, not subject to load.
 
     use super::*;
+    use crate::app::Shedding;
     use crate::dialect::{Data, RunCtx};
     use crate::domain::Event;
     use crate::projection::RunView;
-    use crate::testkit::stored;
+    use agent_stream_core::testkit::stored;
     use serde_json::json;
     use std::time::Duration;
     use tokio::sync::mpsc;
@@ -267,10 +304,15 @@ mod tests {
         }
     }
 
-    /// 1000 deltas, one per millisecond, then a tool call; frames as (first, last seq).
-    async fn shape(raw: bool) -> Vec<Out> {
-        let mut inputs: Vec<_> =
-            (0..1000).map(|i| json!({"type": "text.delta", "payload": {"text": format!("{i},")}})).collect();
+    /// `deltas` deltas from `lanes` interleaved messages, one per millisecond, then a
+    /// tool call.
+    async fn shape(raw: bool, deltas: usize, lanes: usize) -> Vec<Out> {
+        let mut inputs: Vec<_> = (0..deltas)
+            .map(|i| {
+                let m = format!("m{}", i % lanes);
+                json!({"type": "text.delta", "payload": {"text": format!("{i},"), "message_id": m}})
+            })
+            .collect();
         inputs.push(json!({"type": "tool.start", "payload": {"call_id": "c", "tool": "t"}}));
         let events = stored(&inputs);
         let (tx, rx) = mpsc::channel(16);
@@ -286,7 +328,8 @@ mod tests {
             }
         });
         let enc = Encoding::new(Format::Native, RunCtx::default(), RunView::new());
-        let mut s = Sending::new(Channel(rx), enc, raw, Shedding::default());
+        let shedder = Shedder::new(Shedding::default(), true);
+        let mut s = Sending::new(Channel(rx), enc, raw, shedder, &Cursor::at(0));
         let mut frames = vec![];
         while let Some(f) = s.next().await {
             frames.extend(f);
@@ -297,7 +340,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_thousand_deltas_in_one_second_come_out_as_at_most_ten_frames() {
         let started = tokio::time::Instant::now();
-        let frames = shape(false).await;
+        let frames = shape(false, 1000, 1).await;
         assert!(started.elapsed() >= Duration::from_secs(1), "deltas were spread over a second");
         let deltas = &frames[..frames.len() - 1];
         assert!(deltas.len() <= 10, "{} delta frames", deltas.len());
@@ -314,11 +357,31 @@ mod tests {
         assert_eq!(frames.last().and_then(|f| f.event.as_deref()), Some("tool.start"), "control last, alone");
     }
 
+    /// Seed 004 R1 per run: four messages streaming at once share the run's 10 frames a
+    /// second, and every message's text arrives whole and in order.
+    #[tokio::test(start_paused = true)]
+    async fn interleaved_messages_share_the_runs_ten_frames_a_second() {
+        let frames = shape(false, 2000, 4).await;
+        let deltas = &frames[..frames.len() - 1];
+        // Two seconds of deltas; the control item at the end flushes at most one frame per lane.
+        assert!(deltas.len() <= 2 * 10 + 4, "{} delta frames for 4 interleaved messages", deltas.len());
+        for m in 0..4 {
+            let got: String = deltas
+                .iter()
+                .filter(|f| f.json().is_some_and(|v| v["payload"]["message_id"] == format!("m{m}")))
+                .map(|f| f.json().and_then(|v| v["payload"]["text"].as_str()).unwrap_or_default().to_owned())
+                .collect();
+            let want: String = (0..2000).filter(|i| i % 4 == m).map(|i| format!("{i},")).collect();
+            assert_eq!(got, want, "message m{m}");
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn detail_full_sends_every_event() {
-        let frames = shape(true).await;
+        let frames = shape(true, 1000, 1).await;
         assert_eq!(frames.len(), 1001);
         assert!(frames.iter().enumerate().all(|(i, f)| f.first_seq == i as i64 + 1 && f.seq == i as i64 + 1));
+        assert!(frames.iter().all(|f| f.cursor().is_plain()));
     }
 
     /// Subscribers of one page share each event's native rendering (rendered once,
@@ -331,7 +394,11 @@ mod tests {
         ]);
         let page = Batch::from(events.clone());
         let rendered = |enc: &mut Encoding| -> Vec<Out> {
-            page.iter().flat_map(|(e, w)| enc.push_shared(e, Some(w))).collect()
+            let mut out = vec![];
+            for (e, w) in page.iter() {
+                enc.push_into(e, Some(w), &mut out);
+            }
+            out
         };
         let new_enc = || Encoding::new(Format::Native, RunCtx::default(), RunView::new());
         let (a, b) = (rendered(&mut new_enc()), rendered(&mut new_enc()));

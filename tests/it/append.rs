@@ -373,18 +373,19 @@ async fn commit_outcome_sees_stored_rows_and_waits_out_an_open_transaction() {
             let (db, tenant, run) = (t.app.db.clone(), tenant.to_owned(), run.clone());
             tokio::spawn(async move { commit_outcome(&db, &tenant, &run, 2, new_id).await })
         };
-        // Until the check's backend waits on the row lock (not a sleep: its state).
+        // Until the check's backend waits on the row lock (not a sleep: its state). On
+        // Citus the wait is on a worker, and the coordinator's view of it is
+        // citus_lock_waits.
         let owner = t.db.owner().await;
+        let waits = if t.db.citus().await {
+            "SELECT count(*) FROM citus_lock_waits
+             WHERE blocked_statement LIKE 'SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE'"
+        } else {
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+             AND query LIKE 'SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE'"
+        };
         loop {
-            let waiting: i64 = owner
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
-                     AND query LIKE 'SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE'",
-                    &[],
-                )
-                .await
-                .expect("activity")
-                .get(0);
+            let waiting: i64 = owner.query_one(waits, &[]).await.expect("activity").get(0);
             if waiting > 0 {
                 break;
             }

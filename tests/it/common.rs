@@ -25,7 +25,7 @@ pub async fn base_url() -> String {
                 return url;
             }
             let local = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3".to_owned();
-            if tokio_postgres::connect(&local, tokio_postgres::NoTls).await.is_ok() {
+            if db::connect(&local).await.is_ok() {
                 return local;
             }
             private_cluster().await
@@ -70,9 +70,18 @@ impl TestDb {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let schema = format!("t_{secs}_{}_{n}_{:04x}", std::process::id(), rand::random::<u16>());
         if n == 0 {
-            agent_stream::testkit::sweep_old_schemas(&url, "t", secs).await;
+            agent_stream::storage::db::sweep_old_schemas(&url, "t", secs).await;
         }
         TestDb { url, schema }
+    }
+
+    /// True when the database has the Citus extension (the suite's second pass).
+    pub async fn citus(&self) -> bool {
+        let c = self.owner().await;
+        c.query_opt("SELECT 1 FROM pg_extension WHERE extname = 'citus'", &[])
+            .await
+            .expect("pg_extension")
+            .is_some()
     }
 
     /// An owner connection with search_path set to the schema.
@@ -88,8 +97,7 @@ impl Drop for TestDb {
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
             rt.block_on(async {
-                let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.ok()?;
-                tokio::spawn(conn);
+                let c = db::connect(&url).await.ok()?;
                 let sql = format!("SET lock_timeout = '5s'; DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
                 c.batch_execute(&sql).await.ok()
             })
@@ -126,6 +134,11 @@ impl TestApp {
 
     /// Starts a server with the given settings.
     pub async fn with_settings(settings: Settings) -> TestApp {
+        // The server's warnings and errors, shown with a failing test's output.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+            .with_test_writer()
+            .try_init();
         let db = TestDb::new().await;
         let mut owner = db.owner().await;
         let all = [Scope::Read, Scope::Write];

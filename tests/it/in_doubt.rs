@@ -47,7 +47,8 @@ impl CommitCutter {
         let host = cfg.get_hosts().first().cloned().expect("a host");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!(
-            "host=127.0.0.1 port={} user={} dbname={}",
+            // Plain: the proxy reads the protocol to find COMMIT, which TLS would hide.
+            "host=127.0.0.1 port={} user={} dbname={} sslmode=disable",
             listener.local_addr().expect("addr").port(),
             cfg.get_user().unwrap_or("postgres"),
             cfg.get_dbname().unwrap_or("postgres"),

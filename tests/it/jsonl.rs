@@ -12,7 +12,7 @@ use crate::common::TestApp;
 /// A generated run (children, tools, plans, compaction, deltas) that ends `done`.
 async fn finished_run(t: &TestApp, seed: u64, steps: usize) -> String {
     let run = t.create_run(&t.key_a).await;
-    let events = agent_stream::testkit::generated_run_mix(seed, steps, 40);
+    let events = agent_stream_core::testkit::generated_run_mix(seed, steps, 40);
     for chunk in events.chunks(25) {
         t.append_ok(&t.key_a, &run, Value::Array(chunk.to_vec())).await;
     }
@@ -45,10 +45,24 @@ async fn import(t: &TestApp, key: &str, body: String) -> (StatusCode, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
-/// Lines with the ids that differ between a run and its import taken out.
+/// The event lines of a native export, after checking that it ends with its end line
+/// and that the end line counts them.
+fn events_of(jsonl: &str) -> Vec<Value> {
+    let mut lines: Vec<Value> =
+        jsonl.lines().map(|l| serde_json::from_str(l).expect("line is JSON")).collect();
+    let end = lines.pop().expect("an export has at least its end line");
+    let count = end["export_end"]["lines"].as_u64();
+    assert_eq!(count, Some(lines.len() as u64), "the end line counts the event lines: {end}");
+    assert!(lines.iter().all(|l| l.get("export_end").is_none()), "one end line, last");
+    lines
+}
+
+/// Event lines with the ids that differ between a run and its import taken out.
 fn without_ids(jsonl: &str) -> Vec<Value> {
+    let n = events_of(jsonl).len();
     jsonl
         .lines()
+        .take(n)
         .map(|l| {
             let mut v: Value = serde_json::from_str(l).expect("line is JSON");
             let m = v.as_object_mut().expect("object");
@@ -68,7 +82,7 @@ async fn export_import_export_gives_the_same_lines_and_the_same_view() {
     let run = finished_run(&t, 5, 300).await;
     let (status, first) = get_text(&t, &t.key_a, &format!("/v1/runs/{run}/events.jsonl")).await;
     assert_eq!(status, StatusCode::OK);
-    let n = first.lines().count() as i64;
+    let n = events_of(&first).len() as i64;
     assert_eq!(n, t.stored_count(&t.tenant_a, &run).await, "one line per stored event");
     let (status, created) = import(&t, &t.key_a, first.clone()).await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
@@ -133,21 +147,20 @@ async fn export_takes_ranges_filters_and_dialects_and_refuses_bad_parameters() {
     let run = finished_run(&t, 21, 120).await;
     let path = |q: &str| format!("/v1/runs/{run}/events.jsonl{q}");
     let (_, all) = get_text(&t, &t.key_a, &path("")).await;
-    let all: Vec<Value> = all.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    let all = events_of(&all);
     let (_, part) = get_text(&t, &t.key_a, &path("?from_seq=10&to_seq=20")).await;
-    let seqs: Vec<i64> = part
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).expect("json")["seq"].as_i64().unwrap())
-        .collect();
+    let seqs: Vec<i64> = events_of(&part).iter().map(|v| v["seq"].as_i64().unwrap()).collect();
     assert_eq!(seqs, (10..=20).collect::<Vec<_>>());
+    assert!(part.ends_with("{\"export_end\":{\"lines\":11,\"last_seq\":20}}\n"), "{part}");
     let (_, tools) = get_text(&t, &t.key_a, &path("?types=tool.start,tool.end")).await;
     let want = all.iter().filter(|v| v["type"] == "tool.start" || v["type"] == "tool.end").count();
-    assert_eq!(tools.lines().count(), want);
+    assert_eq!(events_of(&tools).len(), want);
     assert!(want > 0);
     if let Some(child) = all.iter().find_map(|v| v["child_id"].as_str()) {
         let (_, c) = get_text(&t, &t.key_a, &path(&format!("?child_id={child}"))).await;
-        assert!(c.lines().all(|l| serde_json::from_str::<Value>(l).expect("json")["child_id"] == child));
-        assert!(c.lines().count() > 0);
+        let c = events_of(&c);
+        assert!(c.iter().all(|v| v["child_id"] == child));
+        assert!(!c.is_empty());
     }
     for format in ["multica", "chunks", "hier", "typed", "agui", "vercel"] {
         let (status, body) = get_text(&t, &t.key_a, &path(&format!("?format={format}"))).await;
@@ -157,7 +170,16 @@ async fn export_takes_ranges_filters_and_dialects_and_refuses_bad_parameters() {
             "{format}"
         );
     }
-    for q in ["?from_seq=0", "?from_seq=5&to_seq=4", "?to_seq=x", "?format=klingon", "?bogus=1"] {
+    for q in [
+        "?from_seq=0",
+        "?from_seq=5&to_seq=4",
+        "?to_seq=x",
+        "?format=klingon",
+        "?bogus=1",
+        "?types=",
+        "?types=tool.strat",
+        "?child_id=",
+    ] {
         let (status, body) = get_text(&t, &t.key_a, &path(q)).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{q}: {body}");
         assert!(body.contains("PARAM-INVALID"), "{q}: {body}");
@@ -178,15 +200,17 @@ async fn other_tenants_get_not_found_and_the_tenant_export_holds_only_its_own_ro
     let (_, a) = get_text(&t, &t.key_a, "/v1/events.jsonl").await;
     let (_, b) = get_text(&t, &t.key_b, "/v1/events.jsonl").await;
     let runs = |s: &str| -> std::collections::BTreeSet<String> {
-        s.lines()
-            .map(|l| serde_json::from_str::<Value>(l).expect("json")["run_id"].as_str().unwrap().to_owned())
-            .collect()
+        events_of(s).iter().map(|v| v["run_id"].as_str().unwrap().to_owned()).collect()
     };
     assert_eq!(runs(&a), [run_a.clone()].into());
     assert_eq!(runs(&b), [run_b].into());
-    assert_eq!(a.lines().count() as i64, t.stored_count(&t.tenant_a, &run_a).await);
+    assert_eq!(events_of(&a).len() as i64, t.stored_count(&t.tenant_a, &run_a).await);
+    assert!(
+        a.ends_with(&format!("{{\"export_end\":{{\"lines\":{},\"runs\":1}}}}\n", events_of(&a).len())),
+        "{a}"
+    );
     let (_, none) = get_text(&t, &t.key_a, "/v1/events.jsonl?since=2999-01-01T00:00:00Z").await;
-    assert_eq!(none, "");
+    assert_eq!(none, "{\"export_end\":{\"lines\":0,\"runs\":0}}\n");
     let (status, _) = get_text(&t, &t.key_a, "/v1/events.jsonl?since=yesterday").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
@@ -250,7 +274,7 @@ async fn the_official_ag_ui_and_ai_sdk_packages_accept_our_streams() {
         for format in ["agui", "vercel"] {
             for detail in ["", "&detail=full"] {
                 let url = format!("{}/v1/runs/{run}/stream?format={format}{detail}", t.base);
-                let out = tokio::process::Command::new("node")
+                let out = tokio::process::Command::new(crate::live::node_bin(&dir))
                     .arg("dialects.mjs")
                     .arg(format)
                     .arg(&url)
@@ -274,13 +298,69 @@ async fn the_official_ag_ui_and_ai_sdk_packages_accept_our_streams() {
     }
 }
 
+/// Resuming our agui and vercel streams with `Last-Event-ID` after any frame gives the
+/// official clients what a never-disconnected client has: `node dialects.mjs resume` cuts
+/// a finished run's stream after every frame (every 5th of a longer run), checks each
+/// resumed stream on its own (204 once the client has seen the whole run) and compares
+/// the folds (AbstractAgent; readUIMessageStream and AbstractChat.resumeStream).
+#[tokio::test]
+async fn the_official_packages_resume_our_streams_after_any_frame() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node");
+    crate::live::npm_ci(&dir);
+    let t = TestApp::new().await;
+    let runs = [(finished_run(&t, 3, 120).await, 1), (finished_run(&t, 8, 250).await, 5)];
+    let mut checks = Vec::new();
+    for (run, every) in &runs {
+        for format in ["agui", "vercel"] {
+            for detail in ["", "&detail=full"] {
+                checks.push((
+                    format!("{}/v1/runs/{run}/stream?format={format}{detail}", t.base),
+                    format,
+                    *every,
+                ));
+            }
+        }
+    }
+    // One Node process per stream (all its cuts, over one keep-alive connection), side by side.
+    let outcomes = futures::future::join_all(checks.into_iter().map(|(url, format, every)| {
+        let node = crate::live::node_bin(&dir);
+        let (dir, key) = (dir.clone(), t.key_a.clone());
+        async move {
+            let out = tokio::process::Command::new(node)
+                .args(["dialects.mjs", "resume", format, &url, &key, "--every", &every.to_string()])
+                .current_dir(&dir)
+                .output()
+                .await
+                .expect("node runs");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let last = stdout.lines().last().unwrap_or_default().to_owned();
+            let summary: Value = serde_json::from_str(&last).unwrap_or_else(|_| {
+                panic!("{url}: no summary line: {stdout}\n{}", String::from_utf8_lossy(&out.stderr))
+            });
+            (url, every, out.status.success(), summary)
+        }
+    }))
+    .await;
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter(|(_, _, ok, v)| !ok || v["ok"] != true)
+        .map(|(url, _, _, v)| format!("{url}: {v}"))
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    for (url, every, _, v) in &outcomes {
+        let (cuts, frames) = (v["cuts"].as_i64().unwrap_or(0), v["frames"].as_i64().unwrap_or(0));
+        assert!(frames > 40 && cuts >= frames / every, "{url}: {v}");
+        assert!(v["terminal_cuts"].as_i64().unwrap_or(0) >= 1, "the end was answered 204: {url}: {v}");
+    }
+}
+
 /// The validators are not vacuous: they accept the valid sample streams and refuse
 /// each broken one for the reason its manifest names.
 #[tokio::test]
 async fn the_dialect_validators_refuse_broken_streams() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node");
     crate::live::npm_ci(&dir);
-    let out = tokio::process::Command::new("node")
+    let out = tokio::process::Command::new(crate::live::node_bin(&dir))
         .args(["dialects.mjs", "--self-test"])
         .current_dir(&dir)
         .output()

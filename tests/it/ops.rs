@@ -71,10 +71,12 @@ async fn a_revoked_key_stops_its_open_stream_within_5_s() {
         .expect("stream");
     assert_eq!(r.status(), StatusCode::OK);
     let mut body = r.bytes_stream();
-    let first = body.next().await.expect("first frame").expect("bytes");
-    assert!(
-        String::from_utf8_lossy(&first).contains("id: 1") || String::from_utf8_lossy(&first).contains("id:1")
-    );
+    // The reconnect hint comes first, on its own; then the first frame.
+    let mut got = String::new();
+    while !got.contains("id: 1\n") {
+        let chunk = body.next().await.expect("first frame").expect("bytes");
+        got.push_str(&String::from_utf8_lossy(&chunk));
+    }
     let metrics = t.http.get(format!("{}/metrics", t.base)).send().await.unwrap().text().await.unwrap();
     assert_eq!(metric(&metrics, "agent_stream_subscribers"), 1.0);
     let owner = t.db.owner().await;
@@ -234,19 +236,4 @@ async fn retention_deletes_whole_expired_runs_and_only_those() {
     }
     assert_eq!(t.stored_count(&t.tenant_b, &b_old_done).await, 3, "tenant b keeps done runs for 365 days");
     assert!(sweep(&mut owner, Policy::default(), false).await.expect("again").runs.is_empty(), "idempotent");
-}
-
-/// `agent-stream bench` runs the load tool; a scenario it does not know is refused
-/// with the list of those it does, before anything is measured or written.
-#[test]
-fn the_bench_command_names_its_scenarios() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent-stream"))
-        .args(["bench", "ingestt"])
-        .output()
-        .expect("agent-stream runs");
-    assert_eq!(out.status.code(), Some(2), "a usage error");
-    let err = String::from_utf8_lossy(&out.stderr);
-    for name in agent_stream::load::SCENARIOS {
-        assert!(err.contains(name), "{name} listed: {err}");
-    }
 }

@@ -3,7 +3,7 @@
 
 use agent_stream::domain::Event;
 use agent_stream::projection::RunView;
-use agent_stream::testkit::generated_run;
+use agent_stream_core::testkit::generated_run;
 use reqwest::StatusCode;
 use serde_json::{json, Map, Value};
 
@@ -376,22 +376,22 @@ async fn a_finished_runs_view_is_not_refolded_on_every_read() {
     let run = store_generated(&t, 7, 300).await;
     let url = format!("{}/v1/runs/{run}/view", t.base);
     let first: Value = t.http.get(&url).bearer_auth(&t.key_a).send().await.unwrap().json().await.unwrap();
-    let folded = t.app.views.folded_events();
+    let folded = t.app.live.views.folded_events();
     assert_eq!(folded as i64, first["seq"].as_i64().unwrap(), "the first read folds the log once");
     for _ in 0..5 {
         let again: Value = t.http.get(&url).bearer_auth(&t.key_a).send().await.unwrap().json().await.unwrap();
         assert_eq!(again, first);
     }
-    assert_eq!(t.app.views.folded_events(), folded, "later reads fold nothing");
+    assert_eq!(t.app.live.views.folded_events(), folded, "later reads fold nothing");
     // A live run: each read folds only the new tail.
     let live = t.create_run(&t.key_a).await;
     t.append_ok(&t.key_a, &live, json!([{"type": "text.delta", "payload": {"text": "a"}}])).await;
     let lurl = format!("{}/v1/runs/{live}/view", t.base);
     t.http.get(&lurl).bearer_auth(&t.key_a).send().await.unwrap();
-    let before = t.app.views.folded_events();
+    let before = t.app.live.views.folded_events();
     t.append_ok(&t.key_a, &live, json!([{"type": "text.delta", "payload": {"text": "b"}}, {"type": "text.delta", "payload": {"text": "c"}}])).await;
     let v: Value = t.http.get(&lurl).bearer_auth(&t.key_a).send().await.unwrap().json().await.unwrap();
-    assert_eq!(t.app.views.folded_events() - before, 2);
+    assert_eq!(t.app.live.views.folded_events() - before, 2);
     assert_eq!(v["messages"][0]["text"], "abc");
 }
 
@@ -509,9 +509,9 @@ async fn the_analyst_role_reads_one_tenant_through_rls() {
     agent_stream::storage::tenants::create_analyst(&mut owner, "b", &role, Some("pw")).await.unwrap();
 
     // Connect as the analyst: the owner's server and database, another user.
-    let mut cfg: tokio_postgres::Config = t.db.url.parse().unwrap();
-    cfg.user(&role).password("pw");
-    let (c, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("analyst login");
+    let mut target = agent_stream::storage::db::target(&t.db.url).unwrap();
+    target.config.user(&role).password("pw");
+    let (c, conn) = target.config.connect(target.tls).await.expect("analyst login");
     tokio::spawn(conn);
     let count = |sql: &'static str| {
         let c = &c;
@@ -565,9 +565,9 @@ async fn the_documented_analyst_queries_run_and_answer() {
         .unwrap();
     let role = format!("analyst_{}", t.db.schema.to_lowercase());
     agent_stream::storage::tenants::create_analyst(&mut owner, "a", &role, Some("pw")).await.unwrap();
-    let mut cfg: tokio_postgres::Config = t.db.url.parse().unwrap();
-    cfg.user(&role).password("pw");
-    let (c, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("analyst login");
+    let mut target = agent_stream::storage::db::target(&t.db.url).unwrap();
+    target.config.user(&role).password("pw");
+    let (c, conn) = target.config.connect(target.tls).await.expect("analyst login");
     tokio::spawn(conn);
 
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/analysts.md")).unwrap();

@@ -1,6 +1,6 @@
 //! Row-level security and the append-only rule, checked in SQL as the service role.
 
-use agent_stream::storage::db::SERVICE_ROLE;
+use agent_stream::storage::db::{self, SERVICE_ROLE};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
@@ -9,8 +9,14 @@ use crate::common::TestApp;
 /// Runs `sql` as the service role with `tenant`'s setting and returns the first column.
 async fn as_service(t: &TestApp, tenant: &str, sql: &str) -> Result<i64, tokio_postgres::Error> {
     let c = t.db.owner().await;
-    c.batch_execute(&format!("SET ROLE {SERVICE_ROLE}; BEGIN")).await?;
-    c.execute("SELECT set_config('agent_stream.tenant_id', $1, true)", &[&tenant]).await?;
+    // As the pool sets its connections up, and as the service scopes a transaction (on
+    // Citus the workers' policies see the tenant only this way).
+    c.batch_execute(&format!("SET ROLE {SERVICE_ROLE}; SET citus.propagate_set_commands = 'local'; BEGIN"))
+        .await?;
+    match tenant {
+        "" => c.batch_execute("SET LOCAL agent_stream.tenant_id = ''").await?,
+        t => c.batch_execute(&db::scope_sql(t).expect("tenant id")).await?,
+    }
     let n = c.query_one(sql, &[]).await.map(|r| r.get::<_, i64>(0));
     let _ = c.batch_execute("ROLLBACK").await;
     n

@@ -1,0 +1,659 @@
+//! The canonical event: seed 004's envelope with a typed payload for the brief's vocabulary.
+//!
+//! On the wire an event is `{id, ts, type, run_id, child_id, seq, payload}`. In Rust the
+//! `type` and `payload` pair is one [`EventBody`] variant, so a consumer matches once and
+//! never re-parses. Payload structs refuse unknown fields: a typo in a producer's field
+//! name is an error at append time, not a silently missing value in every view.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+use ulid::Ulid;
+
+use super::lifecycle::RunState;
+
+/// Prefix shared by every producer-defined event type (`custom.<name>`).
+pub const CUSTOM_PREFIX: &str = "custom.";
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "graphql", derive(async_graphql::Enum))]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The human (or calling system) side.
+    User,
+    /// The agent.
+    Assistant,
+    /// Instructions injected by the runtime.
+    System,
+}
+
+/// `run.lifecycle`: one event per state change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lifecycle {
+    /// The state entered.
+    pub state: RunState,
+    /// Why, for people ("user clicked pause").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `message.start`: a logical message (one bubble) opens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessageStart {
+    /// Producer-chosen id, unique within the run (or child).
+    pub message_id: String,
+    /// Who speaks.
+    pub role: Role,
+}
+
+/// `message.end`: the message is complete.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessageEnd {
+    /// The message to end; absent means the current open message of the run or child.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
+    /// Why generation stopped (`end_turn`, `max_tokens`, `tool_use`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    /// The full text; must equal the accumulated text when deltas were sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+/// `text.delta` and `reasoning.delta`: a piece of visible text or of thinking.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Delta {
+    /// The piece of text.
+    pub text: String,
+    /// The message it belongs to; absent means the current open message (opened implicitly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
+}
+
+/// A JSON value of a payload (tool input, progress data, output, error), shared between
+/// the log's event and the views that show it. Folding a run used to deep-copy each one
+/// into the view: a third of the view's memory in the generated mixed run (294 → 196 MiB,
+/// BENCHMARKS.md, `bench fold`).
+pub type SharedValue = std::sync::Arc<Value>;
+
+fn is_null(v: &SharedValue) -> bool {
+    v.is_null()
+}
+
+/// JSON `null` as a [`SharedValue`], without an allocation per call.
+pub fn shared_null() -> SharedValue {
+    static NULL: std::sync::LazyLock<SharedValue> = std::sync::LazyLock::new(SharedValue::default);
+    NULL.clone()
+}
+
+/// `tool.start`: a tool invocation begins.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolStart {
+    /// Correlates start, progress and end.
+    pub call_id: String,
+    /// The tool's name (`browser.navigate`).
+    pub tool: String,
+    /// The call's arguments.
+    #[serde(default = "shared_null", skip_serializing_if = "is_null")]
+    pub input: SharedValue,
+    /// The versioned skill the call comes from, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skill_id: Option<String>,
+}
+
+/// `tool.progress`: intermediate data from a running tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolProgress {
+    /// The running call.
+    pub call_id: String,
+    /// Whatever the tool reports.
+    #[serde(default = "shared_null", skip_serializing_if = "is_null")]
+    pub data: SharedValue,
+}
+
+/// `tool.end`: the invocation completed, successfully or not.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolEnd {
+    /// The call that ended.
+    pub call_id: String,
+    /// Success flag.
+    pub ok: bool,
+    /// The result (may be omitted on error or when large; see `blob_ref`).
+    #[serde(default = "shared_null", skip_serializing_if = "is_null")]
+    pub output: SharedValue,
+    /// An error code or object when `ok` is false.
+    #[serde(default = "shared_null", skip_serializing_if = "is_null")]
+    pub error: SharedValue,
+    /// Wall time of the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// Where a large output is stored instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blob_ref: Option<String>,
+}
+
+/// The kinds of step seed 004 names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "graphql", derive(async_graphql::Enum))]
+#[serde(rename_all = "kebab-case")]
+pub enum StepKind {
+    /// Planning.
+    Plan,
+    /// Model call plus the tool calls it asked for.
+    ToolRoundtrip,
+    /// Model call producing text only.
+    TextOnly,
+    /// The parent dispatched sub-runs.
+    FanOut,
+    /// The parent merged sub-run results.
+    FanIn,
+    /// The final step.
+    Done,
+}
+
+/// `step.boundary`: the agent finished a step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepBoundary {
+    /// Index of the step that finished.
+    pub step_index: u32,
+    /// What kind of step it was.
+    pub step_kind: StepKind,
+    /// Checkpoint captured at the boundary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_id: Option<String>,
+}
+
+/// `child.spawn`: the run dispatches a sub-run whose events follow with `child_id` set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChildSpawn {
+    /// The child's id, used as `child_id` on its events.
+    pub child_id: String,
+    /// The child's instructions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// Tools the child may use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools_allowed: Option<Vec<String>>,
+}
+
+/// The intent of a plan step, for the UI's icon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "graphql", derive(async_graphql::Enum))]
+#[serde(rename_all = "snake_case")]
+pub enum Intent {
+    /// Gathering information.
+    Research,
+    /// Creating new content.
+    Write,
+    /// Changing existing content.
+    Edit,
+    /// Running something.
+    Execute,
+    /// Checking results.
+    Verify,
+    /// Reporting back.
+    Report,
+    /// Anything else.
+    Other,
+}
+
+/// One step of a proposed plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "graphql", derive(async_graphql::SimpleObject))]
+#[cfg_attr(feature = "graphql", graphql(name = "PlanStep"))]
+#[serde(deny_unknown_fields)]
+pub struct PlanStep {
+    /// Step id within the plan.
+    pub id: String,
+    /// What the step does, for people.
+    pub title: String,
+    /// What kind of work it is.
+    pub intent: Intent,
+    /// Tools it expects to use.
+    #[serde(default)]
+    pub est_tools: Vec<String>,
+    /// Estimated cost.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "exact_f64")]
+    pub est_cost_usd: Option<f64>,
+}
+
+/// A plan as proposed for review.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// Plan id, named again by the decision.
+    pub id: String,
+    /// The run it was made for (informational; the envelope's run_id is authoritative).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// The steps in order.
+    pub steps: Vec<PlanStep>,
+    /// Estimated total cost.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "exact_f64")]
+    pub est_total_cost_usd: Option<f64>,
+}
+
+/// A float field that keeps exactly what it was sent: a number a 64-bit float cannot
+/// hold (`0.30000000000000004441`, a 30-digit integer) is refused rather than rounded,
+/// and the value is written as PostgreSQL's `jsonb` returns it, so a stored event and a
+/// retried one compare equal.
+mod exact_f64 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            None => s.serialize_none(),
+            Some(f) => {
+                let text = format!("{f:?}");
+                let canon = crate::domain::text::canonical_number(&text).ok().flatten().unwrap_or(text);
+                match serde_json::from_str::<serde_json::Number>(&canon) {
+                    Ok(n) => s.serialize_some(&n),
+                    Err(_) => s.serialize_some(f),
+                }
+            }
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        use serde::de::Error;
+        let Some(n) = Option::<serde_json::Number>::deserialize(d)? else { return Ok(None) };
+        let f: f64 = n.as_str().parse().map_err(D::Error::custom)?;
+        if !crate::domain::text::same_value(n.as_str(), f) {
+            return Err(D::Error::custom(format!(
+                "{} is not exactly a 64-bit float (which keeps about 17 significant digits); send it rounded",
+                crate::domain::text::echo(n.as_str())
+            )));
+        }
+        Ok(Some(f))
+    }
+}
+
+/// `plan.proposal`: the agent proposes a plan for human review.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanProposal {
+    /// The plan.
+    pub plan: Plan,
+}
+
+/// What a user decided about a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "graphql", derive(async_graphql::Enum))]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    /// Go ahead.
+    Approved,
+    /// Re-plan.
+    Rejected,
+}
+
+/// `plan.decision`: written by the service when a user decides; producers may not send it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanDecision {
+    /// The proposal decided on.
+    pub plan_id: String,
+    /// The decision.
+    pub decision: Decision,
+    /// Why, for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The API key id that decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+}
+
+/// `compaction.start`: context compaction has begun.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactionStart {
+    /// What triggered it, if known up front.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `compaction.end`: compaction finished, with seed 000's statistics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactionEnd {
+    /// Messages removed.
+    pub removed: u64,
+    /// Messages kept.
+    pub kept: u64,
+    /// Estimated tokens freed (absent in count mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_removed: Option<u64>,
+    /// Estimated tokens remaining (absent in count mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_kept: Option<u64>,
+    /// What triggered it: `tokens`, `count` or `summary`.
+    pub reason: String,
+}
+
+/// The `type` and typed `payload` of an event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventBody {
+    /// `run.lifecycle`
+    Lifecycle(Lifecycle),
+    /// `message.start`
+    MessageStart(MessageStart),
+    /// `message.end`
+    MessageEnd(MessageEnd),
+    /// `text.delta`
+    TextDelta(Delta),
+    /// `reasoning.delta`
+    ReasoningDelta(Delta),
+    /// `tool.start`
+    ToolStart(ToolStart),
+    /// `tool.progress`
+    ToolProgress(ToolProgress),
+    /// `tool.end`
+    ToolEnd(ToolEnd),
+    /// `step.boundary`
+    StepBoundary(StepBoundary),
+    /// `child.spawn`
+    ChildSpawn(ChildSpawn),
+    /// `plan.proposal`
+    PlanProposal(PlanProposal),
+    /// `plan.decision`
+    PlanDecision(PlanDecision),
+    /// `compaction.start`
+    CompactionStart(CompactionStart),
+    /// `compaction.end`
+    CompactionEnd(CompactionEnd),
+    /// `custom.<name>`: stored and streamed, never projected.
+    Custom {
+        /// The part after `custom.`.
+        name: String,
+        /// Any JSON.
+        payload: Value,
+    },
+}
+
+/// Every built-in event type name, in the brief's order.
+pub const EVENT_TYPES: &[&str] = &[
+    "run.lifecycle",
+    "message.start",
+    "message.end",
+    "text.delta",
+    "reasoning.delta",
+    "tool.start",
+    "tool.progress",
+    "tool.end",
+    "step.boundary",
+    "child.spawn",
+    "plan.proposal",
+    "plan.decision",
+    "compaction.start",
+    "compaction.end",
+];
+
+/// Why a `type`/`payload` pair could not become an [`EventBody`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyError {
+    /// The type is not in the vocabulary.
+    UnknownType(String),
+    /// The payload does not fit the type's shape.
+    InvalidPayload(String),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::UnknownType(t) => write!(
+                f,
+                "unknown event type `{t}`; expected one of {} or `custom.<name>`",
+                EVENT_TYPES.join(", ")
+            ),
+            BodyError::InvalidPayload(m) => f.write_str(m),
+        }
+    }
+}
+
+fn typed<T: serde::de::DeserializeOwned>(type_name: &str, payload: Value) -> Result<T, BodyError> {
+    serde_json::from_value(payload)
+        .map_err(|e| BodyError::InvalidPayload(format!("invalid `{type_name}` payload: {e}")))
+}
+
+/// A custom name is a non-empty token of letters, digits and `_ - . :`.
+fn valid_custom_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
+}
+
+/// True for a `type` a stored event can have: one of [`EVENT_TYPES`] or a valid
+/// `custom.<name>` (filters refuse anything else rather than match nothing).
+pub fn is_event_type(name: &str) -> bool {
+    EVENT_TYPES.contains(&name) || name.strip_prefix(CUSTOM_PREFIX).is_some_and(valid_custom_name)
+}
+
+impl EventBody {
+    /// Builds a typed body from the wire's `type` and `payload`.
+    pub fn parse(type_name: &str, payload: Value) -> Result<Self, BodyError> {
+        use EventBody::*;
+        Ok(match type_name {
+            "run.lifecycle" => Lifecycle(typed(type_name, payload)?),
+            "message.start" => MessageStart(typed(type_name, payload)?),
+            "message.end" => MessageEnd(typed(type_name, payload)?),
+            "text.delta" => TextDelta(typed(type_name, payload)?),
+            "reasoning.delta" => ReasoningDelta(typed(type_name, payload)?),
+            "tool.start" => ToolStart(typed(type_name, payload)?),
+            "tool.progress" => ToolProgress(typed(type_name, payload)?),
+            "tool.end" => ToolEnd(typed(type_name, payload)?),
+            "step.boundary" => StepBoundary(typed(type_name, payload)?),
+            "child.spawn" => ChildSpawn(typed(type_name, payload)?),
+            "plan.proposal" => PlanProposal(typed(type_name, payload)?),
+            "plan.decision" => PlanDecision(typed(type_name, payload)?),
+            "compaction.start" => CompactionStart(typed(type_name, payload)?),
+            "compaction.end" => CompactionEnd(typed(type_name, payload)?),
+            other => match other.strip_prefix(CUSTOM_PREFIX) {
+                Some(name) if valid_custom_name(name) => Custom { name: name.to_owned(), payload },
+                Some(_) => {
+                    return Err(BodyError::InvalidPayload(format!(
+                        "invalid custom event type `{other}`: the name after `custom.` must be 1-128 \
+                         letters, digits or `_-.:`"
+                    )))
+                }
+                None => return Err(BodyError::UnknownType(super::text::echo(other))),
+            },
+        })
+    }
+
+    /// The wire `type`, e.g. `tool.start` or `custom.heartbeat`.
+    pub fn type_name(&self) -> std::borrow::Cow<'static, str> {
+        use std::borrow::Cow::Borrowed;
+        use EventBody::*;
+        match self {
+            Lifecycle(_) => Borrowed("run.lifecycle"),
+            MessageStart(_) => Borrowed("message.start"),
+            MessageEnd(_) => Borrowed("message.end"),
+            TextDelta(_) => Borrowed("text.delta"),
+            ReasoningDelta(_) => Borrowed("reasoning.delta"),
+            ToolStart(_) => Borrowed("tool.start"),
+            ToolProgress(_) => Borrowed("tool.progress"),
+            ToolEnd(_) => Borrowed("tool.end"),
+            StepBoundary(_) => Borrowed("step.boundary"),
+            ChildSpawn(_) => Borrowed("child.spawn"),
+            PlanProposal(_) => Borrowed("plan.proposal"),
+            PlanDecision(_) => Borrowed("plan.decision"),
+            CompactionStart(_) => Borrowed("compaction.start"),
+            CompactionEnd(_) => Borrowed("compaction.end"),
+            Custom { name, .. } => std::borrow::Cow::Owned(format!("{CUSTOM_PREFIX}{name}")),
+        }
+    }
+
+    /// The payload as JSON, in its canonical form (absent optionals omitted).
+    pub fn payload(&self) -> Value {
+        if let EventBody::Custom { payload, .. } = self {
+            return payload.clone();
+        }
+        serde_json::to_value(PayloadRef(self)).unwrap_or_else(|e| serialisation_bug(e, Value::Null))
+    }
+
+    /// [`EventBody::payload`] as JSON text, written straight from the typed payload (the
+    /// append path stores this; building a `Value` first would be a second conversion).
+    pub fn payload_text(&self) -> String {
+        serde_json::to_string(&PayloadRef(self)).unwrap_or_else(|e| serialisation_bug(e, "null".to_owned()))
+    }
+
+    /// Length of [`EventBody::payload_text`], counted without building it: what a
+    /// page of events holds, for byte limits on buffers.
+    pub fn payload_len(&self) -> usize {
+        struct Count(usize);
+        impl std::io::Write for Count {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0 += b.len();
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut n = Count(0);
+        let _ = serde_json::to_writer(&mut n, &PayloadRef(self));
+        n.0
+    }
+
+    /// True for the control-plane events that SSE never batches or drops.
+    pub fn is_control(&self) -> bool {
+        !matches!(self, EventBody::TextDelta(_) | EventBody::ReasoningDelta(_) | EventBody::Custom { .. })
+    }
+}
+
+/// Serialises a body's payload (one match for both [`EventBody::payload`] forms).
+struct PayloadRef<'a>(&'a EventBody);
+
+impl Serialize for PayloadRef<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use EventBody::*;
+        match self.0 {
+            Lifecycle(p) => p.serialize(s),
+            MessageStart(p) => p.serialize(s),
+            MessageEnd(p) => p.serialize(s),
+            TextDelta(p) | ReasoningDelta(p) => p.serialize(s),
+            ToolStart(p) => p.serialize(s),
+            ToolProgress(p) => p.serialize(s),
+            ToolEnd(p) => p.serialize(s),
+            StepBoundary(p) => p.serialize(s),
+            ChildSpawn(p) => p.serialize(s),
+            PlanProposal(p) => p.serialize(s),
+            PlanDecision(p) => p.serialize(s),
+            CompactionStart(p) => p.serialize(s),
+            CompactionEnd(p) => p.serialize(s),
+            Custom { payload, .. } => payload.serialize(s),
+        }
+    }
+}
+
+/// Serialising plain structs of strings, numbers and Values cannot fail; a failure would
+/// be a bug in this file, so surface it loudly in debug builds.
+fn serialisation_bug<T>(e: serde_json::Error, fallback: T) -> T {
+    debug_assert!(false, "payload serialisation failed: {e}");
+    fallback
+}
+
+/// A stored event: the envelope the service assigns plus the producer's body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// ULID, monotonic per run.
+    pub id: Ulid,
+    /// Server time of the append, millisecond precision.
+    pub ts: DateTime<Utc>,
+    /// The run whose log holds the event.
+    pub run_id: String,
+    /// Set when the event comes from a sub-run dispatched with `child.spawn`.
+    pub child_id: Option<String>,
+    /// Per-run gapless position, from 1.
+    pub seq: i64,
+    /// Type and payload.
+    pub body: EventBody,
+    /// The message a message event, delta or `tool.start` resolved to when it was
+    /// appended (server-derived, stored beside the event; not part of the envelope).
+    /// `None` for other events and for events not read from the log.
+    pub message_id: Option<String>,
+}
+
+impl Event {
+    /// True for the run's own terminal lifecycle event: nothing follows it in the log.
+    pub fn is_run_end(&self) -> bool {
+        self.child_id.is_none() && matches!(&self.body, EventBody::Lifecycle(l) if l.state.is_terminal())
+    }
+}
+
+/// The envelope as it appears on the wire.
+#[derive(Serialize, Deserialize)]
+struct Wire<'a> {
+    id: Ulid,
+    #[serde(serialize_with = "ts_millis")]
+    ts: DateTime<Utc>,
+    #[serde(rename = "type")]
+    type_name: std::borrow::Cow<'a, str>,
+    run_id: std::borrow::Cow<'a, str>,
+    child_id: Option<std::borrow::Cow<'a, str>>,
+    seq: i64,
+    payload: Value,
+}
+
+fn ts_millis<S: Serializer>(ts: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&ts.to_rfc3339_opts(SecondsFormat::Millis, true))
+}
+
+impl Serialize for Event {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        Wire {
+            id: self.id,
+            ts: self.ts,
+            type_name: self.body.type_name(),
+            run_id: std::borrow::Cow::Borrowed(&self.run_id),
+            child_id: self.child_id.as_deref().map(std::borrow::Cow::Borrowed),
+            seq: self.seq,
+            payload: self.body.payload(),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Event {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let w = Wire::deserialize(d)?;
+        let body = EventBody::parse(&w.type_name, w.payload).map_err(D::Error::custom)?;
+        Ok(Event {
+            id: w.id,
+            ts: w.ts,
+            run_id: w.run_id.into_owned(),
+            child_id: w.child_id.map(|c| c.into_owned()),
+            seq: w.seq,
+            body,
+            message_id: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The text the append path stores is the same JSON as the payload every reader
+    /// gets, for every kind of event.
+    #[test]
+    fn payload_text_is_the_payload() {
+        let events = crate::testkit::stored(&crate::testkit::generated_run_mix(7, 3000, 0));
+        let mut kinds = std::collections::BTreeSet::new();
+        for e in &events {
+            let parsed: serde_json::Value = serde_json::from_str(&e.body.payload_text()).expect("json");
+            assert_eq!(parsed, e.body.payload(), "{}", e.body.type_name());
+            kinds.insert(e.body.type_name().into_owned());
+        }
+        assert!(kinds.len() >= 10, "the generated run covers most kinds: {kinds:?}");
+    }
+}

@@ -1,0 +1,433 @@
+//! Live delivery across processes.
+//!
+//! - An append that commits wakes this process's subscribers at once ([`Hub::publish`]),
+//!   and queues a pointer (tenant, run) for other processes.
+//! - One notifier task per process sends the queued pointers with `pg_notify`,
+//!   coalesced (a batch every few milliseconds, one line per run). NOTIFY takes a
+//!   cluster-wide lock at commit; doing it outside the producers' transactions keeps
+//!   that lock off the append path, and coalescing keeps it rare.
+//! - One LISTEN connection per process feeds other processes' pointers into the hub.
+//!   When it reconnects (with backoff), every subscriber re-reads its cursor, because
+//!   notifications sent while it was away are lost.
+//! - A slow safety poll compares the runs subscribers watch with their committed
+//!   `last_seq`, catching any wake-up lost on the way. It wakes the run's feed, so one
+//!   read serves every subscriber; idle subscribers never poll on their own.
+//!
+//! Notifications are never the data, only the reason to read rows with `seq > cursor`.
+//!
+//! **Other logins.** PostgreSQL has no privileges on LISTEN and NOTIFY: any login of
+//! the database (an analyst's, say) may listen on a channel it can name, and notify on
+//! it. So nothing on the channel is trusted or readable without the schema's secret
+//! (`live_secret`, readable by the owner only; [`Secret`]): the channel's name is keyed
+//! by it, a line carries keyed tokens of the tenant and the run (no ids, no seq), and a
+//! token is acted on only when it matches a run or tenant this process watches, whose
+//! newest seq is then read from `runs`. A forged or replayed line can at most cause
+//! that read.
+
+#![warn(missing_docs)]
+
+pub mod activity;
+mod feed;
+mod hub;
+pub mod shed;
+mod tail;
+pub mod views;
+
+pub use feed::{Batch, Feeds, Page, PageData};
+pub use hub::Hub;
+pub use shed::Shedding;
+pub use tail::Tail;
+pub use views::ViewCache;
+
+use std::sync::Arc;
+
+use agent_stream_store::auth::Authenticator;
+use agent_stream_store::metrics::Metrics;
+use agent_stream_store::Db;
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use agent_stream_store::db::{connect_owner, quote_ident};
+
+/// How often the safety poll runs.
+pub const SAFETY_POLL: Duration = Duration::from_secs(2);
+/// How long the notifier gathers pointers before one NOTIFY.
+const COALESCE: Duration = Duration::from_millis(3);
+/// Largest NOTIFY payload we send (PostgreSQL's limit is 8000 bytes).
+const MAX_PAYLOAD: usize = 7_000;
+
+/// The live side of one process: the hub, the per-run feeds and folds, and the queue to
+/// the notifier. It reads through the store and checks keys with the store's
+/// authenticator; it knows nothing of the transports that use it.
+pub struct Live {
+    /// In-memory fan-out.
+    pub hub: std::sync::Arc<Hub>,
+    /// Shared per-run reads.
+    pub feeds: std::sync::Arc<Feeds>,
+    /// The folded view of each watched or read run, shared by every reader.
+    pub views: ViewCache,
+    /// The store every read goes through.
+    pub db: Db,
+    /// Key checks for open streams (revocation ends them).
+    pub auth: Arc<Authenticator>,
+    /// The process's counters.
+    pub metrics: Arc<Metrics>,
+    /// Set when the process starts shutting down: live streams end cleanly.
+    stopping: tokio::sync::watch::Sender<bool>,
+    outbox: mpsc::Sender<(String, String)>,
+    listening: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The listener and the safety poll, stopped by [`Live::stop_listening`].
+    watchers: [tokio::task::AbortHandle; 2],
+}
+
+/// `application_name` of the LISTEN connection (PostgreSQL keeps 63 bytes of it).
+pub fn listener_name(schema: &str) -> String {
+    format!("agent-stream listen {schema}")
+}
+
+/// The schema's live secret: the key of the channel's name and of the tokens on it.
+#[derive(Clone)]
+pub struct Secret(Vec<u8>);
+
+impl Secret {
+    /// Reads the secret of the schema an owner connection is set to.
+    pub async fn load(c: &tokio_postgres::Client) -> Result<Secret, tokio_postgres::Error> {
+        let secret: String = c.query_one("SELECT secret FROM live_secret", &[]).await?.get(0);
+        Ok(Secret(secret.into_bytes()))
+    }
+
+    /// A secret from its stored text (tests).
+    pub fn from_text(secret: &str) -> Secret {
+        Secret(secret.as_bytes().to_vec())
+    }
+
+    fn keyed(&self, parts: &[&str]) -> String {
+        use hmac::{KeyInit, Mac};
+        // Any key length is valid for HMAC, so this cannot fail.
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.0).expect("HMAC takes any key");
+        for p in parts {
+            mac.update(p.as_bytes());
+            mac.update(&[0]);
+        }
+        hex::encode(&mac.finalize().into_bytes()[..12])
+    }
+
+    /// The channel all processes on the schema share.
+    pub fn channel(&self) -> String {
+        format!("agent_stream_{}", self.keyed(&["channel"]))
+    }
+
+    /// A run's token on the channel.
+    fn run_token(&self, tenant: &str, run_id: &str) -> String {
+        self.keyed(&["run", tenant, run_id])
+    }
+
+    /// A tenant's token on the channel.
+    fn tenant_token(&self, tenant: &str) -> String {
+        self.keyed(&["tenant", tenant])
+    }
+}
+
+impl Live {
+    /// Starts the notifier, the listener and the safety poll for `schema`, using owner
+    /// connections to `url`. Tasks run until the process ends.
+    pub fn start(db: Db, auth: Arc<Authenticator>, metrics: Arc<Metrics>) -> Live {
+        let (url, schema) = (db.url.clone(), db.schema.clone());
+        let hub = std::sync::Arc::new(Hub::default());
+        let (outbox, rx) = mpsc::channel(65_536);
+        let listening = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        tokio::spawn(notifier(url.clone(), schema.clone(), rx));
+        let listen = tokio::spawn(listener(
+            url.clone(),
+            schema.clone(),
+            hub.clone(),
+            listening.clone(),
+            metrics.clone(),
+        ));
+        let poll = tokio::spawn(safety_poll(url, schema, hub.clone()));
+        let watchers = [listen.abort_handle(), poll.abort_handle()];
+        Live {
+            hub,
+            feeds: Default::default(),
+            views: ViewCache::default(),
+            db,
+            auth,
+            metrics,
+            stopping: tokio::sync::watch::channel(false).0,
+            outbox,
+            listening,
+            watchers,
+        }
+    }
+
+    /// Starts a graceful shutdown: open live streams end cleanly (clients resume from
+    /// their cursor).
+    pub fn shut_down(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// A receiver that turns true when the process starts shutting down.
+    pub fn stopping(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.stopping.subscribe()
+    }
+
+    /// Stops listening for other processes' appends and polling for lost wake-ups: the
+    /// server has drained, and the database may be about to stop (the embedded
+    /// default), which the listener would otherwise report as a lost connection.
+    pub fn stop_listening(&self) {
+        for task in &self.watchers {
+            task.abort();
+        }
+        self.listening.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// True while the LISTEN connection is up (readiness).
+    pub fn listening(&self) -> bool {
+        self.listening.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Joins a run's shared feed (see [`Feeds::join`]); the feed closes when `stopping`
+    /// turns true.
+    pub fn join(
+        &self,
+        tenant: &str,
+        run_id: &str,
+        from: i64,
+        stopping: tokio::sync::watch::Receiver<bool>,
+    ) -> tokio::sync::broadcast::Receiver<Page> {
+        self.feeds.join(&self.db, &self.hub, tenant, run_id, from, stopping)
+    }
+
+    /// An append committed: wake local subscribers now, tell other processes soon.
+    pub fn committed(&self, tenant: &str, run_id: &str, last_seq: i64) {
+        self.hub.publish(tenant, run_id, last_seq);
+        // A full queue only delays other processes until the safety poll.
+        let _ = self.outbox.try_send((tenant.to_owned(), run_id.to_owned()));
+    }
+}
+
+async fn notifier(url: String, schema: String, mut rx: mpsc::Receiver<(String, String)>) {
+    let mut conn: Option<(tokio_postgres::Client, Secret)> = None;
+    while let Some(first) = rx.recv().await {
+        let mut runs: std::collections::HashSet<(String, String)> = Default::default();
+        runs.insert(first);
+        let deadline = tokio::time::Instant::now() + COALESCE;
+        while let Ok(Some(pointer)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+            runs.insert(pointer);
+        }
+        if conn.is_none() {
+            conn = connect_with_secret(&url, &schema).await.ok();
+        }
+        let Some((c, secret)) = &conn else { continue };
+        let chan = secret.channel();
+        let mut payloads = vec![String::new()];
+        let sent_ms = chrono::Utc::now().timestamp_millis();
+        for (t, r) in runs {
+            // The send time lets receivers measure notification lag.
+            let line = format!("{} {} {sent_ms}\n", secret.tenant_token(&t), secret.run_token(&t, &r));
+            if payloads.last().is_some_and(|p| p.len() + line.len() > MAX_PAYLOAD) {
+                payloads.push(String::new());
+            }
+            if let Some(p) = payloads.last_mut() {
+                p.push_str(&line);
+            }
+        }
+        for payload in payloads {
+            if let Err(e) = c.execute("SELECT pg_notify($1, $2)", &[&chan, &payload]).await {
+                tracing::warn!(error = %e, "notify failed; other processes catch up by the safety poll");
+                conn = None;
+                break;
+            }
+        }
+    }
+}
+
+/// An owner connection and the schema's secret read on it.
+async fn connect_with_secret(url: &str, schema: &str) -> anyhow::Result<(tokio_postgres::Client, Secret)> {
+    let c = connect_owner(url, schema).await?;
+    let secret = Secret::load(&c).await?;
+    Ok((c, secret))
+}
+
+async fn listener(
+    url: String,
+    schema: String,
+    hub: std::sync::Arc<Hub>,
+    listening: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    metrics: Arc<Metrics>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let result = listen_once(&url, &schema, &hub, &listening, &metrics).await;
+        listening.store(false, std::sync::atomic::Ordering::Relaxed);
+        match result {
+            Ok(()) => backoff = Duration::from_millis(100),
+            Err(e) => tracing::warn!(error = %e, "LISTEN connection lost; reconnecting"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// The tokens of the runs and tenants this process watches, to map lines back to them.
+/// Rebuilt from the hub when a token is not found and the hub has gained watchers since
+/// (so a line for a run nobody here watches costs a lookup, not a rebuild).
+struct Watched {
+    generation: Option<u64>,
+    runs: std::collections::HashMap<String, (String, String)>,
+    tenants: std::collections::HashMap<String, String>,
+}
+
+impl Watched {
+    fn refresh(&mut self, hub: &Hub, secret: &Secret) {
+        let generation = hub.generation();
+        if self.generation == Some(generation) {
+            return;
+        }
+        self.generation = Some(generation);
+        self.runs = hub.active().into_iter().map(|(t, r, _)| (secret.run_token(&t, &r), (t, r))).collect();
+        self.tenants = hub.watched_tenants().into_iter().map(|t| (secret.tenant_token(&t), t)).collect();
+    }
+}
+
+/// One LISTEN session: returns when the connection ends.
+async fn listen_once(
+    url: &str,
+    schema: &str,
+    hub: &Hub,
+    listening: &std::sync::atomic::AtomicBool,
+    metrics: &Metrics,
+) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    // Named so operators (and the fault tests) can find this process's listener; with
+    // the URL's TLS settings, like every other connection.
+    let (client, mut conn) = agent_stream_store::db::connect_raw(url, Some(&listener_name(schema))).await?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(m) = messages.next().await {
+            match m {
+                Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
+                    let _ = tx.send(n.payload().to_owned());
+                }
+                Ok(_) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    });
+    client.batch_execute(&format!("SET search_path TO {}", quote_ident(schema))).await?;
+    let secret = Secret::load(&client).await?;
+    client.batch_execute(&format!("LISTEN {}", quote_ident(&secret.channel()))).await?;
+    listening.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Anything committed while we were not listening is only in the rows.
+    hub.wake_all();
+    let mut watched = Watched { generation: None, runs: Default::default(), tenants: Default::default() };
+    let check = client.prepare(NEWEST).await?;
+    while let Some(first) = rx.recv().await {
+        // Everything that arrived together is checked with one read.
+        let mut payloads = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            payloads.push(more);
+        }
+        let mut runs: std::collections::HashSet<(String, String)> = Default::default();
+        let mut tenants: std::collections::HashSet<String> = Default::default();
+        for line in payloads.iter().flat_map(|p| p.lines()) {
+            let mut parts = line.split(' ');
+            let (Some(tenant_token), Some(run_token)) = (parts.next(), parts.next()) else { continue };
+            if !watched.runs.contains_key(run_token) && !watched.tenants.contains_key(tenant_token) {
+                watched.refresh(hub, &secret);
+            }
+            let mut known = false;
+            if let Some(run) = watched.runs.get(run_token) {
+                runs.insert(run.clone());
+                known = true;
+            }
+            if let Some(t) = watched.tenants.get(tenant_token) {
+                tenants.insert(t.clone());
+                known = true;
+            }
+            if known {
+                if let Some(Ok(sent)) = parts.next().map(str::parse::<i64>) {
+                    let lag = chrono::Utc::now().timestamp_millis().saturating_sub(sent).max(0);
+                    metrics.notify_lag(lag as u64);
+                }
+            }
+        }
+        for t in &tenants {
+            hub.wake_tenant(t);
+        }
+        if runs.is_empty() {
+            continue;
+        }
+        // The seq comes from the table, never from the line.
+        for (tenant, run, seq) in
+            newest(&client, &check, runs.iter().map(|(t, r)| (t.as_str(), r.as_str()))).await?
+        {
+            hub.publish(&tenant, &run, seq);
+        }
+    }
+    drop(client);
+    driver.await??;
+    Ok(())
+}
+
+/// The newest seq of some runs of one tenant. One statement per tenant, each naming its
+/// tenant, so on Citus each is a router query to the tenant's worker rather than one
+/// query fanned out to every shard.
+const NEWEST: &str = "SELECT run_id, last_seq FROM runs WHERE tenant_id = $1 AND run_id = ANY($2)";
+
+/// [`NEWEST`] for `runs` (tenant, run), grouped by tenant; the statements go out
+/// pipelined on the one connection.
+async fn newest<'a>(
+    c: &tokio_postgres::Client,
+    stmt: &tokio_postgres::Statement,
+    runs: impl Iterator<Item = (&'a str, &'a str)>,
+) -> Result<Vec<(String, String, i64)>, tokio_postgres::Error> {
+    let mut by_tenant: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for (t, r) in runs {
+        by_tenant.entry(t).or_default().push(r);
+    }
+    let queries = by_tenant.iter().map(|(t, rs)| async move {
+        let rows = c.query(stmt, &[t, rs]).await?;
+        Ok::<_, tokio_postgres::Error>(
+            rows.into_iter()
+                .map(|r| ((*t).to_owned(), r.get::<_, String>(0), r.get::<_, i64>(1)))
+                .collect::<Vec<_>>(),
+        )
+    });
+    Ok(futures::future::try_join_all(queries).await?.into_iter().flatten().collect())
+}
+
+async fn safety_poll(url: String, schema: String, hub: std::sync::Arc<Hub>) {
+    let mut client = None;
+    let mut tick = tokio::time::interval(SAFETY_POLL);
+    loop {
+        tick.tick().await;
+        let active = hub.active();
+        if active.is_empty() {
+            continue;
+        }
+        if client.is_none() {
+            client = connect_owner(&url, &schema).await.ok();
+        }
+        let Some(c) = &client else { continue };
+        let rows = match c.prepare(NEWEST).await {
+            Ok(stmt) => newest(c, &stmt, active.iter().map(|a| (a.0.as_str(), a.1.as_str()))).await,
+            Err(e) => Err(e),
+        };
+        match rows {
+            Ok(rows) => {
+                for (tenant, run, seq) in rows {
+                    hub.publish(&tenant, &run, seq);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "safety poll failed");
+                client = None;
+            }
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! A subscriber's cursor over one run: catch-up then live through the one read path.
+//! Every live transport (SSE now, GraphQL subscriptions next) pulls batches from a
+//! [`Tail`], so they cannot disagree about what comes after a cursor.
+
+use std::time::Duration;
+
+use tokio::sync::broadcast::{self, error::RecvError};
+
+use std::sync::Arc;
+
+use agent_stream_core::domain::Event;
+use agent_stream_store::auth::Principal;
+use agent_stream_store::events::Filter;
+
+use super::{Batch, Live, Page};
+
+/// Events one catch-up read returns at most.
+const PAGE: i64 = 500;
+
+/// Where a subscriber is in a run's log.
+pub struct Tail {
+    live: Arc<Live>,
+    who: Principal,
+    run_id: String,
+    cursor: i64,
+    pages: broadcast::Receiver<Page>,
+    /// Reading on our own (after joining, after a gap, after lagging) until caught up.
+    catching_up: bool,
+    /// The run's last seq as of the latest read (the hub's watch only moves on a
+    /// wake-up, so a reader of history learns the head from its reads).
+    known_last: i64,
+    /// The newest seq known to be committed.
+    newest: tokio::sync::watch::Receiver<i64>,
+    /// When the caller's key was last confirmed valid.
+    key_checked: tokio::time::Instant,
+    /// Fires every [`KEY_RECHECK`] while waiting. One timer for the tail's life: a
+    /// timeout per wait would register and cancel a timer per subscriber per wake-up.
+    tick: std::pin::Pin<Box<tokio::time::Sleep>>,
+    stopping: tokio::sync::watch::Receiver<bool>,
+    done: bool,
+}
+
+/// How often an open stream re-checks its key (revocation stops it within this plus
+/// the key cache's 2 s).
+pub const KEY_RECHECK: Duration = Duration::from_secs(2);
+
+impl Drop for Tail {
+    fn drop(&mut self) {
+        self.live.metrics.subscribers.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Tail {
+    /// Starts after `cursor`. Joins the run's shared feed before the first read, so a
+    /// page read after this point reaches us and the catch-up covers everything before.
+    pub fn new(live: Arc<Live>, who: Principal, run_id: String, cursor: i64) -> Tail {
+        let stopping = live.stopping();
+        let pages = live.join(&who.tenant_id, &run_id, cursor, stopping.clone());
+        let newest = live.hub.subscribe(&who.tenant_id, &run_id);
+        live.metrics.subscribers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let key_checked = tokio::time::Instant::now();
+        let tick = Box::pin(tokio::time::sleep_until(key_checked + KEY_RECHECK));
+        Tail {
+            live,
+            who,
+            run_id,
+            cursor,
+            pages,
+            catching_up: true,
+            known_last: cursor,
+            newest,
+            key_checked,
+            tick,
+            stopping,
+            done: false,
+        }
+    }
+
+    /// How many committed events the subscriber has not been handed yet, live or
+    /// reading history (whether that makes it slow is the shedder's call: a reader
+    /// catching up closes the distance).
+    pub fn behind(&self) -> i64 {
+        ((*self.newest.borrow()).max(self.known_last) - self.cursor).max(0)
+    }
+
+    /// Counts deltas a transport dropped for this subscriber (a metric).
+    pub fn note_dropped(&self, n: u64) {
+        self.live.metrics.dropped_deltas.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The seq of the last event handed out.
+    pub fn cursor(&self) -> i64 {
+        self.cursor
+    }
+
+    /// The next events after the cursor, in seq order, ending with the run's terminal
+    /// event if it comes. `None` once that was handed out, or on a read error (the
+    /// client resumes from its cursor and loses nothing).
+    pub async fn next_batch(&mut self) -> Option<Batch> {
+        if self.done {
+            return None;
+        }
+        let batch = self.next_raw().await?;
+        let evs = batch.events();
+        let start = evs.iter().position(|e| e.seq > self.cursor).unwrap_or(evs.len());
+        let end = match evs[start..].iter().position(Event::is_run_end) {
+            Some(i) => {
+                self.done = true;
+                start + i + 1
+            }
+            None => evs.len(),
+        };
+        let batch = batch.slice(start..end);
+        if let Some(last) = batch.events().last() {
+            self.cursor = last.seq;
+        }
+        Some(batch)
+    }
+
+    /// False once the caller's key was revoked (checked every [`KEY_RECHECK`]).
+    async fn key_valid(&mut self) -> bool {
+        if self.key_checked.elapsed() < KEY_RECHECK {
+            return true;
+        }
+        match self.live.auth.still_valid(&self.live.db, &self.who).await {
+            Ok(valid) => {
+                self.key_checked = tokio::time::Instant::now();
+                if !valid {
+                    tracing::info!(run = %self.run_id, key_id = %self.who.key_id, "key revoked; closing its stream");
+                }
+                valid
+            }
+            // The database is away: keep the stream; the next check decides.
+            Err(_) => true,
+        }
+    }
+
+    async fn next_raw(&mut self) -> Option<Batch> {
+        loop {
+            if *self.stopping.borrow_and_update() {
+                // The process is shutting down: end cleanly; the client resumes from
+                // its cursor on another instance (or this one, restarted).
+                self.done = true;
+                return None;
+            }
+            if !self.key_valid().await {
+                self.done = true;
+                return None;
+            }
+            if self.catching_up {
+                self.live.feeds.count_read();
+                let all = Filter::default();
+                let read = agent_stream_store::events::page(
+                    &self.live.db,
+                    &self.who.tenant_id,
+                    &self.run_id,
+                    self.cursor,
+                    PAGE,
+                    &all,
+                );
+                match read.await {
+                    Ok((run, evs)) => {
+                        // Caught up once the read reaches the run's last seq as it was
+                        // when the read began: whatever commits later comes as a feed
+                        // page, since the feed was joined before the first read. No
+                        // confirming empty read, which cost every joining subscriber a
+                        // second SELECT.
+                        self.known_last = self.known_last.max(run.last_seq);
+                        if evs.last().is_none_or(|e| e.seq >= run.last_seq) {
+                            self.catching_up = false;
+                        }
+                        if !evs.is_empty() {
+                            return Some(Batch::from(evs));
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, run = %self.run_id, "live read failed; closing");
+                        return None;
+                    }
+                }
+            }
+            // No branch for the stop signal: on shutdown the feed closes its channel
+            // (see `Feeds::join`), which ends this wait.
+            let waited = tokio::select! {
+                r = self.pages.recv() => Some(r),
+                _ = self.tick.as_mut() => None,
+            };
+            match waited {
+                Some(Ok(page)) => {
+                    let evs = page.events();
+                    if let Some(last) = evs.last() {
+                        self.known_last = self.known_last.max(last.seq);
+                    }
+                    match evs.first() {
+                        // A page that starts beyond our cursor: we joined between two reads.
+                        Some(first) if first.seq > self.cursor + 1 => self.catching_up = true,
+                        _ if evs.last().is_some_and(|e| e.seq > self.cursor) => {
+                            return Some(Batch::whole(page))
+                        }
+                        _ => {}
+                    }
+                }
+                // Fell behind the feed's buffer: read on our own, then rejoin the flow.
+                Some(Err(RecvError::Lagged(_))) => self.catching_up = true,
+                // Closed because the process is stopping: the top of the loop ends us.
+                Some(Err(RecvError::Closed)) if *self.stopping.borrow() => {}
+                Some(Err(RecvError::Closed)) => {
+                    self.pages =
+                        self.live.join(&self.who.tenant_id, &self.run_id, self.cursor, self.stopping.clone());
+                    self.catching_up = true;
+                }
+                // The tick: the key is checked at the top of the loop. A lost wake-up
+                // is not this tail's to cover: the run's feed polls for it once for all
+                // its subscribers (a re-read per tail made idle reads grow with them).
+                None => {
+                    let next = tokio::time::Instant::now() + KEY_RECHECK;
+                    self.tick.as_mut().reset(next);
+                }
+            }
+        }
+    }
+}

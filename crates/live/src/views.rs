@@ -1,0 +1,96 @@
+//! Reading views cheaply: a per-process cache of folded views, brought up to date by
+//! folding only the events after the cached seq.
+//!
+//! Why a cache and not projection tables: the reducer stays the single definition of
+//! every view (no SQL or second Rust copy to keep in step), a finished run is folded
+//! once per process and then served from memory, and a live run costs one tail read of
+//! the events since the last request. A cache miss folds the log once, streaming rows
+//! (memory grows with the view, not the log). Entries are shared `Arc`s; a tail fold
+//! copies a view only while a reader still holds the previous version.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::TryStreamExt;
+
+use agent_stream_core::projection::RunView;
+use agent_stream_store::db::{tenant_tx, Db};
+use agent_stream_store::events::{stream_after, ALL_EVENTS};
+use agent_stream_store::runs::{get_run_in, RunInfo};
+use agent_stream_store::Result;
+
+type Slot = Arc<tokio::sync::Mutex<Option<Arc<RunView>>>>;
+
+/// Most views kept; idle ones beyond it are dropped and refolded on demand.
+const VIEW_CACHE_MAX: usize = 1024;
+
+/// Folded views by (tenant, run).
+#[derive(Default)]
+pub struct ViewCache {
+    slots: Mutex<HashMap<(String, String), Slot>>,
+    folded: std::sync::atomic::AtomicU64,
+}
+
+impl ViewCache {
+    /// Events folded so far by this cache (a metric; a cached read adds nothing).
+    pub fn folded_events(&self) -> u64 {
+        self.folded.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn slot(&self, tenant: &str, run_id: &str) -> Slot {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if slots.len() >= VIEW_CACHE_MAX {
+            slots.retain(|_, s| Arc::strong_count(s) > 1);
+            if slots.len() >= VIEW_CACHE_MAX {
+                slots.clear();
+            }
+        }
+        slots.entry((tenant.to_owned(), run_id.to_owned())).or_default().clone()
+    }
+}
+
+/// The run's row and its views, folded at least up to the row's `last_seq`.
+pub async fn load_view(
+    db: &Db,
+    cache: &ViewCache,
+    tenant: &str,
+    run_id: &str,
+) -> Result<(RunInfo, Arc<RunView>)> {
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    let run = get_run_in(&tx, tenant, run_id).await?;
+    let slot = cache.slot(tenant, &run.run_id);
+    let mut cached = slot.lock().await;
+    let mut view = cached.take().unwrap_or_default();
+    if view.seq < run.last_seq {
+        let v = Arc::make_mut(&mut view);
+        let events = stream_after(&tx, tenant, &run.run_id, v.seq, i64::MAX, &ALL_EVENTS).await?;
+        futures::pin_mut!(events);
+        let mut n = 0;
+        while let Some(e) = events.try_next().await? {
+            v.apply(&e);
+            n += 1;
+        }
+        cache.folded.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+    tx.commit().await?;
+    *cached = Some(view.clone());
+    Ok((run, view))
+}
+
+/// The run's views at exactly `upto` (a seq it has reached), folded from the log.
+pub async fn view_at(db: &Db, tenant: &str, run_id: &str, upto: i64) -> Result<(RunInfo, RunView)> {
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    let run = get_run_in(&tx, tenant, run_id).await?;
+    let mut view = RunView::new();
+    {
+        let events = stream_after(&tx, tenant, &run.run_id, 0, upto, &ALL_EVENTS).await?;
+        futures::pin_mut!(events);
+        while let Some(e) = events.try_next().await? {
+            view.apply(&e);
+        }
+    }
+    tx.commit().await?;
+    Ok((run, view))
+}

@@ -1,0 +1,42 @@
+//! `agent-stream-load <scenario>`: runs one load scenario against the release
+//! `agent-stream` binary built beside this one (see the library's doc and BENCHMARKS.md).
+
+use clap::Parser;
+
+/// The service's allocator, so the load generator's costs are what they were in the
+/// service's binary.
+#[global_allocator]
+static GLOBAL: agent_stream::Allocator = agent_stream::Allocator;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "agent-stream's load tool: one scenario against its baseline, measured in the same run"
+)]
+struct Args {
+    /// The scenario.
+    #[arg(value_parser = clap::builder::PossibleValuesParser::new(agent_stream_load::SCENARIOS))]
+    scenario: String,
+    /// The `agent-stream` binary to measure (default: the one next to this tool, or
+    /// AGENT_STREAM_BIN).
+    #[arg(long, env = "AGENT_STREAM_BIN")]
+    server: Option<std::path::PathBuf>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let server = match args.server {
+        Some(s) => s,
+        None => std::env::current_exe()?.with_file_name("agent-stream"),
+    };
+    if args.scenario != "fold" && !server.is_file() {
+        anyhow::bail!(
+            "no server binary at {}: build it first with `cargo build --release` (or pass --server)",
+            server.display()
+        );
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(agent_stream_load::run(&args.scenario, &server))
+}

@@ -1,0 +1,275 @@
+//! Pieces the load tool and the criterion benches share: a separate `agent-stream
+//! serve` process to measure, its `/proc` readings, percentiles, a bare SSE reader and
+//! the bare NOTIFY → LISTEN baseline.
+
+use std::time::Duration;
+
+use super::http::Conn;
+
+/// A release `agent-stream serve` on a free port over `schema` of `url`.
+pub struct Server {
+    /// The process (killed on drop).
+    pub child: tokio::process::Child,
+    /// Its pid.
+    pub pid: u32,
+    /// `http://127.0.0.1:<port>`
+    pub base: String,
+}
+
+/// Starts `bin serve` with `extra` flags and waits until it answers `/healthz`.
+/// `AGENT_STREAM_BIN` runs another build of the binary instead (an A/B of two commits).
+pub async fn serve(bin: &std::path::Path, url: &str, schema: &str, extra: &[&str]) -> Server {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let bin = std::env::var_os("AGENT_STREAM_BIN").map_or_else(|| bin.to_owned(), std::path::PathBuf::from);
+    let child = tokio::process::Command::new(&bin)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--schema", schema])
+        .args(extra)
+        .env("DATABASE_URL", url)
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+    let pid = child.id().expect("pid");
+    let base = format!("http://127.0.0.1:{port}");
+    for _ in 0..200 {
+        if let Ok(mut c) = Conn::open(&base).await {
+            if c.get("/healthz", None).await.is_ok_and(|a| a.status.is_success()) {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Server { child, pid, base }
+}
+
+/// A connection to `url` whose driver runs on its own task.
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    // The service's own connect, so the baseline speaks the same TLS as the service.
+    agent_stream::storage::db::connect(url).await.expect("connect")
+}
+
+/// Runs `sql` (a `COPY ... FROM STDIN`) with `data` in COPY's text format and returns
+/// the number of rows it wrote.
+pub async fn copy_in(c: &tokio_postgres::Client, sql: &str, data: String) -> u64 {
+    use futures::SinkExt;
+    let sink = c.copy_in::<_, bytes::Bytes>(sql).await.expect("copy");
+    futures::pin_mut!(sink);
+    sink.send(bytes::Bytes::from(data)).await.expect("copy data");
+    sink.finish().await.expect("copy finish")
+}
+
+/// Creates a run over HTTP (`POST /v1/runs`), checks the 201 and returns its id.
+pub async fn create_run(http: &mut Conn, key: &str) -> String {
+    let r = http.send(hyper::Method::POST, "/v1/runs", Some(key), None).await.expect("create run");
+    assert_eq!(r.status, hyper::StatusCode::CREATED, "create run: {}", r.text());
+    r.json()["run_id"].as_str().expect("run_id").to_owned()
+}
+
+/// A `kB` field of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`), in KiB.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The `p` quantile of `v` (sorted in place); NaN when empty.
+pub fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// User + system CPU seconds a process has used.
+pub fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+/// A sample's value in Prometheus text (`name value`); 0 when absent.
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
+}
+
+/// One sample of the server's `/metrics`, read over `http` (see [`metric`]).
+pub async fn scrape(http: &mut Conn, name: &str) -> f64 {
+    metric(&http.get("/metrics", None).await.expect("metrics").text(), name)
+}
+
+/// A bare SSE reader on one TCP connection: it sends the GET, checks the answer is 200,
+/// decodes the chunked body and hands out each frame's `id:`. The measuring side
+/// should cost as little as it can: an HTTP client library adds a task hand-off and
+/// a copy per chunk to every receipt it times.
+pub struct SseReader {
+    stream: tokio::net::TcpStream,
+    raw: Vec<u8>,
+    body: Vec<u8>,
+    chunk: Chunk,
+    chunked: bool,
+}
+
+enum Chunk {
+    Size,
+    Data(usize),
+    Crlf,
+    End,
+}
+
+impl SseReader {
+    /// Opens `path` (with its query) on `addr` (`host:port`) with a bearer `key`.
+    pub async fn open(addr: &str, path: &str, key: &str) -> std::io::Result<SseReader> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let req = format!(
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nAccept: text/event-stream\r\n\r\n"
+        );
+        stream.write_all(req.as_bytes()).await?;
+        let mut raw = Vec::with_capacity(16 * 1024);
+        let head_end = loop {
+            if let Some(i) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            if stream.read_buf(&mut raw).await? == 0 {
+                return Err(std::io::Error::other("connection closed before the response head"));
+            }
+        };
+        let head = String::from_utf8_lossy(&raw[..head_end]).to_ascii_lowercase();
+        if !head.starts_with("http/1.1 200") {
+            return Err(std::io::Error::other(format!("not 200: {}", head.lines().next().unwrap_or(""))));
+        }
+        let chunked = head.contains("transfer-encoding: chunked");
+        raw.drain(..head_end);
+        Ok(SseReader { stream, raw, body: Vec::with_capacity(16 * 1024), chunk: Chunk::Size, chunked })
+    }
+
+    /// Reads until at least one frame completes (or the stream ends) and appends the
+    /// ids of the frames completed to `ids`; false once the stream ended.
+    pub async fn read_ids(&mut self, ids: &mut Vec<i64>) -> std::io::Result<bool> {
+        use tokio::io::AsyncReadExt;
+        loop {
+            // Bytes left over (after the head, or a chunk cut by a read) go first; what
+            // they cannot complete waits for the next read.
+            self.dechunk();
+            let before = ids.len();
+            let mut start = 0;
+            while let Some(i) = self.body[start..].windows(2).position(|w| w == b"\n\n") {
+                let frame = &self.body[start..start + i];
+                if let Some(id) = frame
+                    .split(|b| *b == b'\n')
+                    .find_map(|l| l.strip_prefix(b"id:"))
+                    .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
+                {
+                    ids.push(id);
+                }
+                start += i + 2;
+            }
+            self.body.drain(..start);
+            if matches!(self.chunk, Chunk::End) {
+                return Ok(false);
+            }
+            if ids.len() > before {
+                return Ok(true);
+            }
+            if self.stream.read_buf(&mut self.raw).await? == 0 {
+                return Ok(false);
+            }
+        }
+    }
+
+    fn dechunk(&mut self) {
+        if !self.chunked {
+            self.body.append(&mut self.raw);
+            return;
+        }
+        let mut at = 0;
+        loop {
+            let rest = &self.raw[at..];
+            match self.chunk {
+                Chunk::Size => {
+                    let Some(i) = rest.windows(2).position(|w| w == b"\r\n") else { break };
+                    let line = String::from_utf8_lossy(&rest[..i]);
+                    let size =
+                        usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
+                    self.chunk = if size == 0 { Chunk::End } else { Chunk::Data(size) };
+                    at += i + 2;
+                }
+                Chunk::Data(n) => {
+                    if rest.is_empty() {
+                        break;
+                    }
+                    let k = n.min(rest.len());
+                    self.body.extend_from_slice(&rest[..k]);
+                    at += k;
+                    self.chunk = if k == n { Chunk::Crlf } else { Chunk::Data(n - k) };
+                }
+                Chunk::Crlf => {
+                    if rest.len() < 2 {
+                        break;
+                    }
+                    at += 2;
+                    self.chunk = Chunk::Size;
+                }
+                Chunk::End => break,
+            }
+        }
+        self.raw.drain(..at);
+    }
+}
+
+/// Bare NOTIFY → LISTEN latencies (ms): `n` notifications from one connection to a
+/// listening one, `spacing` apart, each timed from send (an autocommit statement, so
+/// its commit) to receipt.
+pub async fn bare_notify(url: &str, n: usize, spacing: Duration) -> Vec<f64> {
+    use futures::StreamExt;
+    let base = std::time::Instant::now();
+    let micros_since = |b: std::time::Instant| b.elapsed().as_micros() as u64;
+    let (listener, mut conn) = agent_stream::storage::db::connect_raw(url, None).await.expect("connect");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut msgs = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = msgs.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send((micros_since(base), n.payload().to_owned()));
+            }
+        }
+    });
+    listener.batch_execute("LISTEN bench_fanout").await.expect("listen");
+    let sender = connect(url).await;
+    let mut lat = vec![];
+    for _ in 0..n {
+        let sent = micros_since(base);
+        sender.execute("SELECT pg_notify('bench_fanout', $1)", &[&sent.to_string()]).await.expect("notify");
+        let (got, payload) = rx.recv().await.expect("notification");
+        let sent: u64 = payload.parse().expect("payload");
+        lat.push((got - sent) as f64 / 1000.0);
+        tokio::time::sleep(spacing).await;
+    }
+    lat
+}
+
+/// The fold benches' mixes: "chatty" is 85% streamed deltas, like a real agent run;
+/// "mixed" has every kind of event frequent (the property tests' generator), the harder
+/// case for the fold. Each pair is (name, percent of deltas).
+pub const FOLD_MIXES: [(&str, u32); 2] = [("chatty", 85), ("mixed", 0)];
+
+/// A stored generated run of `n` events with `delta_pct` percent deltas (fixed seed).
+pub fn fold_log(n: usize, delta_pct: u32) -> Vec<agent_stream::domain::Event> {
+    agent_stream_core::testkit::stored(&agent_stream_core::testkit::generated_run_mix(42, n, delta_pct))
+}
+
+/// The fold's floor: a loop that only touches every event (a match on its type).
+pub fn touch(events: &[agent_stream::domain::Event]) -> usize {
+    events.iter().filter(|e| matches!(e.body, agent_stream::domain::EventBody::TextDelta(_))).count()
+}

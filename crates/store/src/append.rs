@@ -1,0 +1,349 @@
+//! The append path: validated, atomic, gapless, idempotent.
+//!
+//! One transaction per batch:
+//! 1. lock the run row (`FOR UPDATE`): appends to one run are serialised, so seqs are
+//!    handed out in commit order and readers only ever see a gapless prefix;
+//! 2. answer retries: if every event's idempotency key is already stored with the same
+//!    content, return the original seqs and write nothing;
+//! 3. check `expected_last_seq`;
+//! 4. validate the batch against the run's [`RunGuard`] (cached per run, rebuilt from
+//!    the log when another process appended since);
+//! 5. insert all rows with one `INSERT ... SELECT FROM unnest(...)`, move the run's
+//!    `last_seq`, commit.
+//!
+//! Any failure before the commit rolls the whole batch back: nothing partial is stored.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
+use serde::Serialize;
+use ulid::Ulid;
+
+use super::db::{tenant_tx, Db};
+use super::events::{stream_after, ALL_EVENTS};
+use super::rows::{Rows, RunRows};
+use super::runs::{parse_run_id, run_not_found};
+use crate::error::{Error, ErrorCode, Rejection, Result};
+use agent_stream_core::domain::{Batch, NewEvent, Origin, RunGuard};
+
+/// The answer to an append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct AppendOutcome {
+    /// Seq of the first event of the batch.
+    pub first_seq: i64,
+    /// Seq of the last event of the batch.
+    pub last_seq: i64,
+    /// True when this was a retry answered from the stored events (nothing written).
+    pub replayed: bool,
+}
+
+type RunKey = (String, String);
+pub(crate) type Slot = Arc<tokio::sync::Mutex<Option<RunGuard>>>;
+
+/// Most runs whose guards stay cached; idle ones beyond it are dropped.
+const GUARD_CACHE_MAX: usize = 4096;
+
+/// Per-run guards. The async mutex also queues this process's appends to one run, so
+/// they do not pile up on the row lock and each one finds the guard its predecessor left.
+#[derive(Default)]
+pub struct Guards {
+    slots: Mutex<HashMap<RunKey, Slot>>,
+}
+
+impl Guards {
+    pub(crate) fn slot(&self, tenant: &str, run_id: &str) -> Slot {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if slots.len() >= GUARD_CACHE_MAX {
+            // Drop guards nobody is using; they are rebuilt from the log on demand.
+            slots.retain(|_, s| Arc::strong_count(s) > 1);
+        }
+        slots.entry((tenant.to_owned(), run_id.to_owned())).or_default().clone()
+    }
+}
+
+/// Appends a producer's (or the service's) `batch` to a run of `tenant`.
+pub async fn append(
+    db: &Db,
+    guards: &Guards,
+    tenant: &str,
+    run_id: &str,
+    batch: &Batch,
+    origin: Origin,
+) -> Result<AppendOutcome> {
+    append_inner(db, guards, tenant, run_id, origin, batch.expected_last_seq, |_| {
+        Ok(Cow::Borrowed(&batch.events))
+    })
+    .await
+}
+
+/// Appends service-written events built from the run's current state, under the same
+/// lock as the write: a control action (approve a plan, pause) decides on exactly the
+/// state it changes.
+pub async fn append_control<F>(
+    db: &Db,
+    guards: &Guards,
+    tenant: &str,
+    run_id: &str,
+    build: F,
+) -> Result<AppendOutcome>
+where
+    F: FnOnce(&RunGuard) -> Result<Vec<NewEvent>>,
+{
+    append_inner(db, guards, tenant, run_id, Origin::Service, None, |g| build(g).map(Cow::Owned)).await
+}
+
+async fn append_inner<'b, F>(
+    db: &Db,
+    guards: &Guards,
+    tenant: &str,
+    run_id: &str,
+    origin: Origin,
+    expected_last_seq: Option<i64>,
+    build: F,
+) -> Result<AppendOutcome>
+where
+    F: FnOnce(&RunGuard) -> Result<Cow<'b, [NewEvent]>>,
+{
+    let run_id = parse_run_id(run_id)?;
+    let slot = guards.slot(tenant, &run_id);
+    let mut cached = slot.lock().await;
+
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    let lock = tx
+        .prepare_cached(
+            "SELECT last_seq, last_event_id, date_trunc('milliseconds', clock_timestamp())
+             FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE",
+        )
+        .await?;
+    let Some(row) = tx.query_opt(&lock, &[&tenant, &run_id]).await? else {
+        return Err(run_not_found(&run_id));
+    };
+    let last_seq: i64 = row.get(0);
+    let last_id: Option<&str> = row.get(1);
+    let now: DateTime<Utc> = row.get(2);
+
+    let base = match cached.as_ref() {
+        Some(g) if g.last_seq() == last_seq => g.clone(),
+        _ => rebuild_guard(&tx, tenant, &run_id).await?,
+    };
+    if base.last_seq() != last_seq {
+        return Err(Error::Internal(anyhow::anyhow!(
+            "run {run_id}: log ends at seq {} but the run row says {last_seq}",
+            base.last_seq()
+        )));
+    }
+    let events = build(&base)?;
+    if events.is_empty() {
+        return Err(Error::reject(ErrorCode::BatchEmpty, "the batch holds no events"));
+    }
+    if let Some(outcome) = replay_if_retry(&tx, tenant, &run_id, &events).await? {
+        return Ok(outcome);
+    }
+    if let Some(expected) = expected_last_seq {
+        if expected != last_seq {
+            return Err(Error::reject(
+                ErrorCode::SeqConflict,
+                format!("expected the run's last seq to be {expected}, but it is {last_seq}"),
+            ));
+        }
+    }
+
+    let mut guard = base.clone();
+    let before = guard.state();
+    let mids = crate::rows::check(&mut guard, last_seq + 1, &events, origin)?;
+    let n = events.len();
+    let ids = next_ids(last_id.and_then(|s| Ulid::from_string(s).ok()), now, n);
+    let mut rows = Rows::with_capacity(tenant, n);
+    for (i, (e, mid)) in events.iter().zip(mids).enumerate() {
+        rows.push(&run_id, last_seq + 1 + i as i64, ids[i], now, e, mid);
+    }
+    let new_last = last_seq + n as i64;
+    let state = guard.state();
+    let ended = state.filter(|s| s.is_terminal() && before != state).map(|_| now);
+    let mut heads = RunRows::new(tenant, now);
+    heads.push(&run_id, new_last, ids.last().copied(), state, ended);
+    let (insert, update) = (Rows::statement(&tx).await?, RunRows::statement(&tx).await?);
+    // Sent together, answered in order: one round trip for both. If the insert fails
+    // the update fails with it and the transaction rolls back.
+    let (row_params, head_params) = (rows.params(), heads.params());
+    futures::try_join!(tx.execute(&insert, &row_params), tx.execute(&update, &head_params))?;
+    let id_strs = ids.iter().map(Ulid::to_string).collect::<Vec<_>>();
+    let outcome = AppendOutcome { first_seq: last_seq + 1, last_seq: new_last, replayed: false };
+    if let Err(e) = tx.commit().await {
+        let last = id_strs.last().map_or("", String::as_str);
+        if !settle_in_doubt(db, e, tenant, &run_id, new_last, last).await? {
+            // Not stored: the guard cached before this append still holds.
+            return Err(Error::reject(
+                ErrorCode::Unavailable,
+                "the database connection was lost; nothing was stored",
+            ));
+        }
+    }
+    *cached = Some(guard);
+    Ok(outcome)
+}
+
+/// How long [`commit_outcome`] waits for the run's row lock.
+const IN_DOUBT_LOCK_WAIT: &str = "SET LOCAL lock_timeout = '5s'";
+
+/// After a COMMIT failed, whether it took effect anyway, given the append's last row
+/// (`seq` of the run, with event `id`). A COMMIT the server answered with an error
+/// did not; one whose answer never came (the connection broke) is checked with
+/// [`commit_outcome`]. `Ok(true)`: stored; `Ok(false)`: not stored; `Err`: the
+/// server's error, or [`Error::InDoubt`] when the check failed too.
+pub(crate) async fn settle_in_doubt(
+    db: &Db,
+    failed: tokio_postgres::Error,
+    tenant: &str,
+    run_id: &str,
+    seq: i64,
+    id: &str,
+) -> Result<bool> {
+    if failed.code().is_some() {
+        return Err(failed.into());
+    }
+    tracing::warn!(error = %failed, run = %run_id, seq, "COMMIT got no answer; checking whether it took effect");
+    commit_outcome(db, tenant, run_id, seq, id)
+        .await
+        .map_err(|check| Error::InDoubt(format!("{failed}; checking afterwards failed too: {check}")))
+}
+
+/// Whether the event `id` is stored at `seq` of the run: after a COMMIT whose answer
+/// never came, whether that transaction committed. The run's row lock is taken first,
+/// so a transaction the server is still finishing is waited out (up to 5 s) rather
+/// than taken for one that did not commit.
+pub async fn commit_outcome(db: &Db, tenant: &str, run_id: &str, seq: i64, id: &str) -> Result<bool> {
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    tx.batch_execute(IN_DOUBT_LOCK_WAIT).await?;
+    tx.query_opt("SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE", &[&tenant, &run_id])
+        .await?;
+    let row = tx
+        .query_opt(
+            "SELECT id FROM agent_run_events WHERE tenant_id = $1 AND run_id = $2 AND seq = $3",
+            &[&tenant, &run_id, &seq],
+        )
+        .await?;
+    Ok(row.is_some_and(|r| r.get::<_, &str>(0) == id))
+}
+
+/// A retry is a batch whose every event carries a key that is already stored with the
+/// same type, child and payload. A batch mixing stored and new keys is refused: the
+/// producer changed a batch it is retrying, and guessing which half it meant would be
+/// worse than saying so.
+pub(crate) async fn replay_if_retry<C: deadpool_postgres::GenericClient>(
+    tx: &C,
+    tenant: &str,
+    run_id: &str,
+    events: &[NewEvent],
+) -> Result<Option<AppendOutcome>> {
+    let keys: Vec<&str> = events.iter().filter_map(|e| e.key.as_deref()).collect();
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    let stmt = tx
+        .prepare_cached(
+            "SELECT idempotency_key, seq, type, child_id, payload FROM agent_run_events
+             WHERE tenant_id = $1 AND run_id = $2 AND idempotency_key = ANY($3)",
+        )
+        .await?;
+    let rows = tx.query(&stmt, &[&tenant, &run_id, &keys]).await?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let stored: HashMap<String, (i64, String, Option<String>, serde_json::Value)> =
+        rows.into_iter().map(|r| (r.get::<_, String>(0), (r.get(1), r.get(2), r.get(3), r.get(4)))).collect();
+    let mut first = i64::MAX;
+    let mut last = i64::MIN;
+    for (i, e) in events.iter().enumerate() {
+        let Some((seq, ty, child, payload)) = e.key.as_ref().and_then(|k| stored.get(k)) else {
+            return Err(Rejection::new(
+                ErrorCode::IdempotencyMismatch,
+                "this batch mixes events whose keys are already stored with new events; \
+                 retry the original batch unchanged and send new events in a batch of their own",
+            )
+            .at(i)
+            .into());
+        };
+        if *ty != e.body.type_name() || *child != e.child_id || *payload != e.body.payload() {
+            return Err(Rejection::new(
+                ErrorCode::IdempotencyMismatch,
+                format!(
+                    "idempotency key `{}` is already stored at seq {seq} with different content",
+                    e.key.as_deref().unwrap_or_default()
+                ),
+            )
+            .at(i)
+            .into());
+        }
+        first = first.min(*seq);
+        last = last.max(*seq);
+    }
+    Ok(Some(AppendOutcome { first_seq: first, last_seq: last, replayed: true }))
+}
+
+/// Folds the stored log into a guard (after a restart, or when another process appended).
+pub(crate) async fn rebuild_guard<C: deadpool_postgres::GenericClient>(
+    tx: &C,
+    tenant: &str,
+    run_id: &str,
+) -> Result<RunGuard> {
+    let mut guard = RunGuard::new();
+    let events = stream_after(tx, tenant, run_id, 0, i64::MAX, &ALL_EVENTS).await?;
+    futures::pin_mut!(events);
+    while let Some(e) = events.try_next().await? {
+        guard.apply(e.seq, e.child_id.as_deref(), &e.body, Origin::Service).map_err(|r| {
+            Error::Internal(anyhow::anyhow!("stored event {} of run {run_id} fails validation: {r}", e.seq))
+        })?;
+    }
+    Ok(guard)
+}
+
+/// ULIDs for a batch at time `now`, strictly increasing and above the run's last id, so
+/// ids are monotonic per run even when two appends share a millisecond or the clock
+/// steps back.
+pub(crate) fn next_ids(last: Option<Ulid>, now: DateTime<Utc>, n: usize) -> Vec<Ulid> {
+    let mut out = Vec::with_capacity(n);
+    let mut prev = last;
+    for _ in 0..n {
+        let next = next_id(prev, now);
+        out.push(next);
+        prev = Some(next);
+    }
+    out
+}
+
+/// The id after `prev`: in `now`'s millisecond, or after `prev`'s if the clock stepped back.
+pub(crate) fn next_id(prev: Option<Ulid>, now: DateTime<Utc>) -> Ulid {
+    let ms = u64::try_from(now.timestamp_millis()).unwrap_or(0);
+    match prev.filter(|p| p.timestamp_ms() >= ms).and_then(|p| p.increment()) {
+        Some(id) => id,
+        None => {
+            let ts = prev.map_or(ms, |p| p.timestamp_ms().max(ms) + u64::from(p.timestamp_ms() >= ms));
+            // Keep the top random bit clear so increments have room within the ms.
+            Ulid::from_parts(ts, rand::random::<u128>() & ((1u128 << 79) - 1))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_strictly_increasing_even_when_the_clock_steps_back() {
+        let t1: DateTime<Utc> = "2026-01-01T00:00:01Z".parse().unwrap();
+        let t0: DateTime<Utc> = "2026-01-01T00:00:00Z".parse().unwrap();
+        let a = next_ids(None, t1, 100);
+        let b = next_ids(a.last().copied(), t0, 100);
+        let all: Vec<Ulid> = a.into_iter().chain(b).collect();
+        assert!(all.windows(2).all(|w| w[0] < w[1]));
+        let max = Ulid::from_parts(1_000, u128::MAX);
+        let c = next_ids(Some(max), t0, 2);
+        assert!(c[0] > max && c[1] > c[0]);
+    }
+}

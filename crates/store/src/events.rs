@@ -1,0 +1,270 @@
+//! The one read path over the log: rows with `seq > cursor`, in seq order.
+//!
+//! Every surface that reads events (the append guard's rebuild, queries, later the
+//! live hub, SSE and JSONL) goes through [`read_after`] or [`stream_after`], so
+//! catch-up and live reads cannot disagree about what comes after a cursor.
+
+use deadpool_postgres::GenericClient;
+use futures::{Stream, StreamExt, TryStreamExt};
+use tokio_postgres::Row;
+use ulid::Ulid;
+
+use crate::error::{Error, ErrorCode, Result};
+use agent_stream_core::domain::{Event, EventBody};
+
+/// Columns in the order [`event_from_row`] reads them.
+pub const EVENT_COLUMNS: &str = "seq, id, ts, type, child_id, payload, run_id, message_id";
+
+/// Decodes a row selected with [`EVENT_COLUMNS`].
+pub fn event_from_row(r: &Row) -> Result<Event> {
+    let type_name: &str = r.get(3);
+    let payload: serde_json::Value = r.get(5);
+    let id: &str = r.get(1);
+    let body = EventBody::parse(type_name, payload)
+        .map_err(|e| Error::Internal(anyhow::anyhow!("stored event does not parse: {e}")))?;
+    Ok(Event {
+        seq: r.get(0),
+        id: Ulid::from_string(id).map_err(|e| Error::Internal(anyhow::anyhow!("stored id {id}: {e}")))?,
+        ts: r.get(2),
+        child_id: r.get(4),
+        run_id: r.get(6),
+        body,
+        message_id: r.get(7),
+    })
+}
+
+/// Which events of a run a reader wants.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Only these types (exact names, e.g. `tool.start`, `custom.note`); `None` = all.
+    pub types: Option<Vec<String>>,
+    /// Only events of this child; `None` = all.
+    pub child_id: Option<String>,
+}
+
+impl Filter {
+    /// A filter from a reader's parameters: a list of known types (not empty) and a
+    /// child id of 1 to 256 bytes. A typo is refused rather than matching nothing.
+    pub fn new(types: Option<Vec<String>>, child_id: Option<String>) -> Result<Filter> {
+        use agent_stream_core::domain::event::is_event_type;
+        use agent_stream_core::domain::input::MAX_ID_LEN;
+        use agent_stream_core::domain::text::echo;
+        let bad = |m: String| Err(Error::reject(ErrorCode::InvalidParameter, m));
+        if let Some(ts) = &types {
+            if ts.is_empty() {
+                return bad("`types` names no type: leave it out for every type".to_owned());
+            }
+            if let Some(t) = ts.iter().find(|t| !is_event_type(t)) {
+                return bad(format!("`types`: `{}` is not an event type", echo(t)));
+            }
+        }
+        if child_id.as_ref().is_some_and(|c| c.is_empty() || c.len() > MAX_ID_LEN) {
+            return bad(format!("`child_id` must be 1 to {MAX_ID_LEN} bytes long"));
+        }
+        Ok(Filter { types, child_id })
+    }
+
+    /// True when `e` passes: the same test the SQL of [`read_after`] makes.
+    pub fn keeps(&self, e: &Event) -> bool {
+        self.types.as_ref().is_none_or(|ts| ts.iter().any(|t| *t == e.body.type_name()))
+            && self.child_id.as_ref().is_none_or(|c| e.child_id.as_ref() == Some(c))
+    }
+}
+
+/// The filter that keeps every event.
+pub static ALL_EVENTS: Filter = Filter { types: None, child_id: None };
+
+/// Up to `limit` events of a run after `after_seq` that pass `filter`. The caller has
+/// scoped the transaction to the tenant.
+pub async fn read_after<C: GenericClient>(
+    c: &C,
+    tenant: &str,
+    run_id: &str,
+    after_seq: i64,
+    limit: i64,
+    filter: &Filter,
+) -> Result<Vec<Event>> {
+    let stmt = c.prepare_cached(&READ_AFTER).await?;
+    let rows =
+        c.query(&stmt, &[&tenant, &run_id, &after_seq, &limit, &filter.types, &filter.child_id]).await?;
+    rows.iter().map(event_from_row).collect()
+}
+
+/// The statement of [`read_after`], built once.
+static READ_AFTER: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {EVENT_COLUMNS} FROM agent_run_events
+         WHERE tenant_id = $1 AND run_id = $2 AND seq > $3
+           AND ($5::text[] IS NULL OR type = ANY($5))
+           AND ($6::text IS NULL OR child_id = $6)
+         ORDER BY seq LIMIT $4"
+    )
+});
+
+/// [`read_after`] (every type, every child) in a transaction of its own scoped to
+/// `tenant`, pipelined ([`super::db::begin_with`]): BEGIN, the tenant setting, the
+/// SELECT and COMMIT go out together, so a live wake-up waits one round trip for its
+/// rows instead of four.
+pub async fn read_after_alone(
+    c: &deadpool_postgres::ClientWrapper,
+    tenant: &str,
+    run_id: &str,
+    after_seq: i64,
+    limit: i64,
+) -> Result<Vec<Event>> {
+    let stmt = c.prepare_cached(&READ_AFTER).await?;
+    let (types, child): (Option<Vec<String>>, Option<String>) = (None, None);
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+        [&tenant, &run_id, &after_seq, &limit, &types, &child];
+    // A failure inside makes COMMIT a rollback; a read has nothing to undo either way.
+    let read = async { Ok::<_, Error>(futures::join!(c.query(&stmt, &params), c.batch_execute("COMMIT"))) };
+    let (rows, commit) = super::db::begin_with(c, tenant, read).await?;
+    let rows = rows?;
+    commit?;
+    rows.iter().map(event_from_row).collect()
+}
+
+/// Every event of a run with `after_seq < seq <= upto` that passes `filter`, streamed
+/// row by row (constant memory).
+pub async fn stream_after<'a, C: GenericClient>(
+    c: &'a C,
+    tenant: &'a str,
+    run_id: &'a str,
+    after_seq: i64,
+    upto: i64,
+    filter: &'a Filter,
+) -> Result<impl Stream<Item = Result<Event>> + 'a> {
+    let rows = query_range(c, EVENT_COLUMNS, tenant, run_id, after_seq, upto, filter).await?;
+    Ok(rows.map_err(Error::from).map(|r| r.and_then(|row| event_from_row(&row))))
+}
+
+/// The one range query behind [`stream_after`] and [`stream_raw`], selecting `columns`.
+async fn query_range<'a, C: GenericClient>(
+    c: &'a C,
+    columns: &str,
+    tenant: &'a str,
+    run_id: &'a str,
+    after_seq: i64,
+    upto: i64,
+    filter: &'a Filter,
+) -> Result<tokio_postgres::RowStream> {
+    let stmt = c
+        .prepare_cached(&format!(
+            "SELECT {columns} FROM agent_run_events
+             WHERE tenant_id = $1 AND run_id = $2 AND seq > $3 AND seq <= $4
+               AND ($5::text[] IS NULL OR type = ANY($5))
+               AND ($6::text IS NULL OR child_id = $6)
+             ORDER BY seq"
+        ))
+        .await?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+        [&tenant, &run_id, &after_seq, &upto, &filter.types, &filter.child_id];
+    Ok(c.query_raw(&stmt, params).await?)
+}
+
+/// A stored event as the database returns it, payload still JSON text: the export's
+/// row, turned into a line without parsing and re-encoding the payload.
+#[derive(Debug, Clone)]
+pub struct RawEvent {
+    /// Per-run seq.
+    pub seq: i64,
+    /// ULID text.
+    pub id: String,
+    /// Server time.
+    pub ts: chrono::DateTime<chrono::Utc>,
+    /// Wire type.
+    pub type_name: String,
+    /// Child scope.
+    pub child_id: Option<String>,
+    /// Payload as JSON text.
+    pub payload: String,
+    /// The run.
+    pub run_id: String,
+}
+
+impl RawEvent {
+    /// Appends the native JSONL line (the envelope of [`Event`], payload verbatim).
+    pub fn write_line(&self, out: &mut Vec<u8>) {
+        use std::io::Write;
+        let s = |v: &str| serde_json::to_string(v).unwrap_or_default();
+        let child = self.child_id.as_deref().map_or_else(|| "null".to_owned(), s);
+        let _ = writeln!(
+            out,
+            r#"{{"id":{},"ts":"{}","type":{},"run_id":{},"child_id":{},"seq":{},"payload":{}}}"#,
+            s(&self.id),
+            self.ts.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            s(&self.type_name),
+            s(&self.run_id),
+            child,
+            self.seq,
+            self.payload
+        );
+    }
+}
+
+const RAW_COLUMNS: &str = "seq, id, ts, type, child_id, payload::text, run_id";
+
+fn raw_from_row(r: &Row) -> RawEvent {
+    RawEvent {
+        seq: r.get(0),
+        id: r.get(1),
+        ts: r.get(2),
+        type_name: r.get(3),
+        child_id: r.get(4),
+        payload: r.get(5),
+        run_id: r.get(6),
+    }
+}
+
+/// [`stream_after`], with payloads as text.
+pub async fn stream_raw<'a, C: GenericClient>(
+    c: &'a C,
+    tenant: &'a str,
+    run_id: &'a str,
+    after_seq: i64,
+    upto: i64,
+    filter: &'a Filter,
+) -> Result<impl Stream<Item = Result<RawEvent>> + 'a> {
+    let rows = query_range(c, RAW_COLUMNS, tenant, run_id, after_seq, upto, filter).await?;
+    Ok(rows.map_err(Error::from).map_ok(|row| raw_from_row(&row)))
+}
+
+/// Every event of the tenant stored in `[since, until)` (open where `None`), by run and
+/// seq (backups and analysts), payloads as text.
+pub async fn stream_tenant_raw<'a, C: GenericClient>(
+    c: &'a C,
+    tenant: &'a str,
+    since: &'a Option<chrono::DateTime<chrono::Utc>>,
+    until: &'a Option<chrono::DateTime<chrono::Utc>>,
+) -> Result<impl Stream<Item = Result<RawEvent>> + 'a> {
+    let stmt = c
+        .prepare_cached(&format!(
+            "SELECT {RAW_COLUMNS} FROM agent_run_events
+             WHERE tenant_id = $1 AND ($2::timestamptz IS NULL OR ts >= $2)
+               AND ($3::timestamptz IS NULL OR ts < $3)
+             ORDER BY run_id, seq"
+        ))
+        .await?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&tenant, since, until];
+    let rows = c.query_raw(&stmt, params).await?;
+    Ok(rows.map_err(Error::from).map_ok(|row| raw_from_row(&row)))
+}
+
+/// The run's row and a page of its events after `after_seq`, in one tenant transaction:
+/// the read every reader makes (REST pages, a subscriber catching up). The page may run
+/// past the row's `last_seq` if an append commits in between; readers page by seq.
+pub async fn page(
+    db: &crate::Db,
+    tenant: &str,
+    run_id: &str,
+    after_seq: i64,
+    limit: i64,
+    filter: &Filter,
+) -> Result<(crate::RunInfo, Vec<Event>)> {
+    let mut client = db.pool.get().await?;
+    let tx = crate::db::tenant_tx(&mut client, tenant).await?;
+    let run = crate::runs::get_run_in(&tx, tenant, run_id).await?;
+    let evs = read_after(&tx, tenant, &run.run_id, after_seq, limit, filter).await?;
+    tx.commit().await?;
+    Ok((run, evs))
+}

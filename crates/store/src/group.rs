@@ -1,0 +1,385 @@
+//! Group commit: concurrent appends share transactions, so single-event appends from
+//! many producers are not bound by one commit (and its WAL flush) each.
+//!
+//! Appends go to one of a few lanes by (tenant, run), so a run's appends stay in order
+//! in one lane. A lane takes whatever is queued (up to [`MAX_GROUP`]) and commits it in
+//! one transaction per tenant (the transaction is scoped to the tenant for row-level
+//! security). Each append keeps its own guarantees:
+//! - it is validated on its own against its run's guard, as in [`super::append`](fn@super::append); a
+//!   refused append gets its error and writes nothing, the others go on;
+//! - an idempotent retry is answered from the stored rows, as alone;
+//! - if the shared transaction fails (a race on an idempotency key, a lost
+//!   connection), nothing of the group is stored and every accepted append is redone
+//!   alone through the single-append path, which answers it exactly as it would have.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::{mpsc, oneshot};
+use ulid::Ulid;
+
+use super::append::{next_ids, rebuild_guard, replay_if_retry, AppendOutcome, Guards};
+use super::db::Db;
+use super::rows::{Rows, RunRows};
+use super::runs::{parse_run_id, run_not_found};
+use crate::error::{Error, ErrorCode, Result};
+use crate::metrics::Metrics;
+use agent_stream_core::domain::{Batch, Origin, RunGuard, RunState};
+
+/// Most appends one transaction carries.
+pub const MAX_GROUP: usize = 256;
+
+/// Appends of this many events or more commit on their own, outside the lanes.
+pub const OWN_COMMIT_FROM: usize = 100;
+
+struct Job {
+    tenant: String,
+    run_id: String,
+    batch: Batch,
+    reply: oneshot::Sender<Result<AppendOutcome>>,
+}
+
+/// The lanes of a process.
+pub struct GroupCommit {
+    lanes: Vec<mpsc::Sender<Job>>,
+}
+
+impl GroupCommit {
+    /// Starts `lanes` committer tasks over `db`.
+    pub fn start(db: Db, guards: Arc<Guards>, metrics: Arc<Metrics>, lanes: usize) -> GroupCommit {
+        let lanes = (0..lanes.max(1))
+            .map(|_| {
+                let (tx, rx) = mpsc::channel(4 * MAX_GROUP);
+                tokio::spawn(lane(db.clone(), guards.clone(), metrics.clone(), rx));
+                tx
+            })
+            .collect();
+        GroupCommit { lanes }
+    }
+
+    /// Appends a producer's batch, possibly in a transaction shared with others.
+    pub async fn append(&self, tenant: &str, run_id: &str, batch: &Batch) -> Result<AppendOutcome> {
+        let run_id = parse_run_id(run_id)?;
+        if batch.events.is_empty() {
+            return Err(Error::reject(ErrorCode::BatchEmpty, "the batch holds no events"));
+        }
+        let lane = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (tenant, &run_id).hash(&mut h);
+            (h.finish() % self.lanes.len() as u64) as usize
+        };
+        let (reply, answer) = oneshot::channel();
+        let job = Job { tenant: tenant.to_owned(), run_id, batch: batch.clone(), reply };
+        self.lanes[lane]
+            .send(job)
+            .await
+            .map_err(|_| Error::Internal(anyhow::anyhow!("group-commit lane stopped")))?;
+        answer.await.map_err(|_| Error::Internal(anyhow::anyhow!("group-commit lane dropped an append")))?
+    }
+}
+
+async fn lane(db: Db, guards: Arc<Guards>, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Job>) {
+    while let Some(first) = rx.recv().await {
+        let mut jobs = vec![first];
+        while jobs.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(j) => jobs.push(j),
+                Err(_) => break,
+            }
+        }
+        // One transaction per tenant, appends in arrival order.
+        let mut by_tenant: Vec<(String, Vec<Job>)> = vec![];
+        for j in jobs {
+            match by_tenant.iter_mut().find(|(t, _)| *t == j.tenant) {
+                Some((_, v)) => v.push(j),
+                None => by_tenant.push((j.tenant.clone(), vec![j])),
+            }
+        }
+        for (tenant, jobs) in by_tenant {
+            commit_group(&db, &guards, &metrics, &tenant, jobs).await;
+        }
+    }
+}
+
+/// A run's state while its group is built.
+struct Locked {
+    last_seq: i64,
+    last_id: Option<Ulid>,
+    guard: RunGuard,
+    before: Option<RunState>,
+}
+
+async fn commit_group(db: &Db, guards: &Guards, metrics: &Metrics, tenant: &str, jobs: Vec<Job>) {
+    let mut runs: Vec<String> = jobs.iter().map(|j| j.run_id.clone()).collect();
+    runs.sort();
+    runs.dedup();
+    // The runs' guard slots, locked in order (the single-append path takes one at a time).
+    let mut slots = Vec::with_capacity(runs.len());
+    for r in &runs {
+        slots.push(guards.slot(tenant, r).lock_owned().await);
+    }
+    let result = try_group(db, tenant, &runs, &mut slots, jobs).await;
+    drop(slots);
+    match result {
+        Ok((answers, groups)) => {
+            metrics.commit_groups.fetch_add(groups, Relaxed);
+            for (reply, answer) in answers {
+                let _ = reply.send(answer);
+            }
+        }
+        Err((e, jobs)) => {
+            tracing::warn!(error = %e, appends = jobs.len(), "group commit failed; redoing its appends one by one");
+            for j in jobs {
+                let out = super::append(db, guards, &j.tenant, &j.run_id, &j.batch, Origin::Producer).await;
+                if out.as_ref().is_ok_and(|o| !o.replayed) {
+                    metrics.commit_groups.fetch_add(1, Relaxed);
+                }
+                let _ = j.reply.send(out);
+            }
+        }
+    }
+}
+
+type Answers = Vec<(oneshot::Sender<Result<AppendOutcome>>, Result<AppendOutcome>)>;
+
+/// Each append's answer, and the runs' state after the group.
+type Built = (Vec<Result<AppendOutcome>>, HashMap<String, Locked>);
+
+/// Why a group's transaction did not end in an answered COMMIT.
+enum Failed {
+    /// Nothing of the group is stored.
+    NotStored(Error),
+    /// COMMIT was sent but its answer never came (the connection broke): the group is
+    /// stored or not as a whole, and its last row (run, seq, event id) tells which.
+    InDoubt { error: tokio_postgres::Error, probe: (String, i64, String), built: Built },
+}
+
+impl From<Error> for Failed {
+    fn from(e: Error) -> Failed {
+        Failed::NotStored(e)
+    }
+}
+
+impl From<tokio_postgres::Error> for Failed {
+    fn from(e: tokio_postgres::Error) -> Failed {
+        Failed::NotStored(e.into())
+    }
+}
+
+/// Builds and commits the group. `Ok`: every append's answer and whether a transaction
+/// wrote. `Err`: nothing was stored; every append comes back to be redone alone, which
+/// answers each exactly as alone. A COMMIT whose answer never came is settled first
+/// (see [`super::append::settle_in_doubt`]): a group that did commit is answered as
+/// committed, not redone (a redo would store keyless appends twice); one whose outcome
+/// cannot be learned answers its appends with [`Error::InDoubt`].
+///
+/// The transaction is driven by hand rather than through `Transaction` so that its
+/// statements can be pipelined: BEGIN, the tenant setting and the row locks go out in
+/// one round trip, and the INSERT, the UPDATE and COMMIT in another. A group then waits
+/// on three round trips instead of six, and group commit is bound by how fast groups
+/// go round (BENCHMARKS.md, `bench ingest-single`).
+async fn try_group(
+    db: &Db,
+    tenant: &str,
+    runs: &[String],
+    slots: &mut [tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
+    jobs: Vec<Job>,
+) -> std::result::Result<(Answers, u64), (Error, Vec<Job>)> {
+    let client = match db.pool.get().await {
+        Ok(c) => c,
+        Err(e) => return Err((e.into(), jobs)),
+    };
+    let (results, state) = match run_group(&client, tenant, runs, slots, &jobs).await {
+        Ok(built) => built,
+        Err(failed) => {
+            super::db::discard(client);
+            let (error, (run, seq, id), built) = match failed {
+                Failed::NotStored(e) => return Err((e, jobs)),
+                Failed::InDoubt { error, probe, built } => (error, probe, built),
+            };
+            match super::append::settle_in_doubt(db, error, tenant, &run, seq, &id).await {
+                Ok(true) => built,
+                Ok(false) => {
+                    let e = anyhow::anyhow!("the connection broke at COMMIT; the group was not stored");
+                    return Err((Error::Internal(e), jobs));
+                }
+                Err(e) => {
+                    // The guards may or may not hold the group: rebuild them next time.
+                    for slot in slots.iter_mut() {
+                        **slot = None;
+                    }
+                    let why = match e {
+                        Error::InDoubt(why) => why,
+                        other => other.to_string(),
+                    };
+                    let answers = jobs
+                        .into_iter()
+                        .zip(built.0)
+                        .map(|(j, r)| match r {
+                            Ok(o) if !o.replayed => (j.reply, Err(Error::InDoubt(why.clone()))),
+                            r => (j.reply, r),
+                        })
+                        .collect();
+                    return Ok((answers, 0));
+                }
+            }
+        }
+    };
+    for (i, r) in runs.iter().enumerate() {
+        if let Some(s) = state.get(r) {
+            *slots[i] = Some(s.guard.clone());
+        }
+    }
+    let wrote = results.iter().any(|r| r.as_ref().is_ok_and(|o| !o.replayed));
+    let answers = jobs.into_iter().zip(results).map(|(j, r)| (j.reply, r)).collect();
+    Ok((answers, u64::from(wrote)))
+}
+
+/// One group's transaction on `c`, up to and including COMMIT.
+async fn run_group(
+    c: &deadpool_postgres::Client,
+    tenant: &str,
+    runs: &[String],
+    slots: &[tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
+    jobs: &[Job],
+) -> std::result::Result<Built, Failed> {
+    let lock = c
+        .prepare_cached(
+            "SELECT run_id, last_seq, last_event_id, date_trunc('milliseconds', clock_timestamp())
+             FROM runs WHERE tenant_id = $1 AND run_id = ANY($2) ORDER BY run_id FOR UPDATE",
+        )
+        .await?;
+    let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&tenant, &runs];
+    let locked = super::db::begin_with(c, tenant, c.query(&lock, &lock_params)).await?;
+    build(c, tenant, runs, slots, &locked, jobs).await
+}
+
+/// With the group's runs locked (`rows`) in the transaction open on `c`, answers
+/// retries, validates each append on its own, writes the accepted ones' rows and
+/// commits; returns each append's answer, in order.
+async fn build(
+    c: &deadpool_postgres::Client,
+    tenant: &str,
+    runs: &[String],
+    slots: &[tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
+    rows: &[tokio_postgres::Row],
+    jobs: &[Job],
+) -> std::result::Result<Built, Failed> {
+    let mut now: Option<DateTime<Utc>> = None;
+    let mut state: HashMap<String, Locked> = HashMap::new();
+    for row in rows {
+        let run_id: String = row.get(0);
+        let last_seq: i64 = row.get(1);
+        let last_id: Option<String> = row.get(2);
+        now = Some(row.get(3));
+        let i = runs
+            .binary_search(&run_id)
+            .map_err(|_| Error::Internal(anyhow::anyhow!("locked a run that was not asked for")))?;
+        let guard = match slots[i].as_ref() {
+            Some(g) if g.last_seq() == last_seq => g.clone(),
+            _ => rebuild_guard(c, tenant, &run_id).await?,
+        };
+        if guard.last_seq() != last_seq {
+            return Err(Error::Internal(anyhow::anyhow!(
+                "run {run_id}: log ends at seq {} but the run row says {last_seq}",
+                guard.last_seq()
+            ))
+            .into());
+        }
+        let before = guard.state();
+        let last_id = last_id.and_then(|s| Ulid::from_string(&s).ok());
+        state.insert(run_id, Locked { last_seq, last_id, guard, before });
+    }
+    let now = now.unwrap_or_else(Utc::now);
+    let mut rows = Rows::with_capacity(tenant, jobs.iter().map(|j| j.batch.events.len()).sum());
+    let mut results = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let Some(run) = state.get_mut(&job.run_id) else {
+            results.push(Err(run_not_found(&job.run_id)));
+            continue;
+        };
+        let events = &job.batch.events;
+        match replay_if_retry(c, tenant, &job.run_id, events).await {
+            Ok(Some(outcome)) => {
+                results.push(Ok(outcome));
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                results.push(Err(e));
+                continue;
+            }
+        }
+        if let Some(expected) = job.batch.expected_last_seq {
+            if expected != run.last_seq {
+                results.push(Err(Error::reject(
+                    ErrorCode::SeqConflict,
+                    format!("expected the run's last seq to be {expected}, but it is {}", run.last_seq),
+                )));
+                continue;
+            }
+        }
+        let mut guard = run.guard.clone();
+        let mids = match crate::rows::check(&mut guard, run.last_seq + 1, events, Origin::Producer) {
+            Ok(mids) => mids,
+            Err(r) => {
+                results.push(Err(Error::Rejected(r)));
+                continue;
+            }
+        };
+        let n = events.len() as i64;
+        let ids = next_ids(run.last_id, now, events.len());
+        for (i, (e, mid)) in events.iter().zip(mids).enumerate() {
+            rows.push(&job.run_id, run.last_seq + 1 + i as i64, ids[i], now, e, mid);
+        }
+        results.push(Ok(AppendOutcome {
+            first_seq: run.last_seq + 1,
+            last_seq: run.last_seq + n,
+            replayed: false,
+        }));
+        run.last_seq += n;
+        run.last_id = ids.last().copied();
+        run.guard = guard;
+    }
+    if !rows.is_empty() {
+        let mut heads = RunRows::new(tenant, now);
+        for (run_id, s) in &state {
+            let st = s.guard.state();
+            heads.push(
+                run_id,
+                s.last_seq,
+                s.last_id,
+                st,
+                st.filter(|x| x.is_terminal() && s.before != st).map(|_| now),
+            );
+        }
+        let (insert, update) = (Rows::statement(c).await?, RunRows::statement(c).await?);
+        let (row_params, head_params) = (rows.params(), heads.params());
+        // One round trip for the three. A failed INSERT or UPDATE turns the COMMIT into
+        // a rollback, so nothing of the group is stored; their errors say so.
+        let (inserted, updated, committed) = futures::join!(
+            c.execute(&insert, &row_params),
+            c.execute(&update, &head_params),
+            c.batch_execute("COMMIT")
+        );
+        match committed {
+            // No answer to the COMMIT: the group may be stored; its last row tells.
+            Err(error) if error.code().is_none() => {
+                let probe = rows.last().unwrap_or_default();
+                return Err(Failed::InDoubt { error, probe, built: (results, state) });
+            }
+            committed => {
+                inserted?;
+                updated?;
+                committed?;
+            }
+        }
+    } else {
+        // Nothing to write (retries and refusals only): end the transaction.
+        c.batch_execute("COMMIT").await?;
+    }
+    Ok((results, state))
+}

@@ -1,0 +1,223 @@
+//! The one writer of the log. Single appends ([`append`](fn@crate::append)), group commit
+//! ([`group`](crate::group)) and import ([`import`](crate::import)) all check their
+//! events with [`check`], gather rows in [`Rows`], insert them with [`Rows::insert`]'s
+//! statement, and move their runs' rows with [`RunRows`]: one definition of what a stored
+//! event is, so the three cannot drift apart.
+//!
+//! Payloads go as text and are cast per row: a `jsonb[]` parameter is parsed whole
+//! while the statement is bound, in memory held until it ends (megabytes for 1,000
+//! events, which the backend's allocator then grows and trims on every batch); the cast
+//! parses each row in memory reset per row (BENCHMARKS.md, `bench ingest`).
+//!
+//! `RETURNING 1` is for Citus, and costs one small row per event elsewhere: an INSERT
+//! whose rows come from a function is run by the coordinator, which otherwise writes
+//! them to the shard with COPY, and PostgreSQL refuses COPY into a table under
+//! row-level security; with RETURNING it sends them as an intermediate result and runs
+//! INSERT ... SELECT on the shard's worker.
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Statement;
+use ulid::Ulid;
+
+use agent_stream_core::domain::{NewEvent, Origin, Resolution, RunGuard, RunState};
+use agent_stream_core::error::Rejection;
+
+use crate::error::Result;
+
+/// Runs `events` (the first at `first_seq`) through `guard`, the append-side state
+/// machine: the message each resolved to, or the first refusal, blamed on its index.
+/// The guard is left after the last event only when all passed.
+pub fn check(
+    guard: &mut RunGuard,
+    first_seq: i64,
+    events: &[NewEvent],
+    origin: Origin,
+) -> std::result::Result<Vec<Option<String>>, Rejection> {
+    let mut next = guard.clone();
+    let mut mids = Vec::with_capacity(events.len());
+    for (i, e) in events.iter().enumerate() {
+        let res =
+            next.apply(first_seq + i as i64, e.child_id.as_deref(), &e.body, origin).map_err(|r| r.at(i))?;
+        mids.push(match res {
+            Resolution::Message { id, .. } => Some(id),
+            Resolution::None => None,
+        });
+    }
+    *guard = next;
+    Ok(mids)
+}
+
+/// Rows of `agent_run_events` for one tenant, column by column (what `unnest` takes).
+pub struct Rows {
+    tenant: String,
+    run: Vec<String>,
+    seq: Vec<i64>,
+    id: Vec<String>,
+    ts: Vec<DateTime<Utc>>,
+    ty: Vec<String>,
+    child: Vec<Option<String>>,
+    payload: Vec<String>,
+    key: Vec<Option<String>>,
+    mid: Vec<Option<String>>,
+}
+
+impl Rows {
+    /// Rows of `tenant`, with room for `n`.
+    pub fn with_capacity(tenant: &str, n: usize) -> Rows {
+        Rows {
+            tenant: tenant.to_owned(),
+            run: Vec::with_capacity(n),
+            seq: Vec::with_capacity(n),
+            id: Vec::with_capacity(n),
+            ts: Vec::with_capacity(n),
+            ty: Vec::with_capacity(n),
+            child: Vec::with_capacity(n),
+            payload: Vec::with_capacity(n),
+            key: Vec::with_capacity(n),
+            mid: Vec::with_capacity(n),
+        }
+    }
+
+    /// Rows gathered.
+    pub fn len(&self) -> usize {
+        self.seq.len()
+    }
+
+    /// True when there is nothing to insert.
+    pub fn is_empty(&self) -> bool {
+        self.seq.is_empty()
+    }
+
+    /// One event of `run_id` at `seq`, with its id, time and resolved message.
+    pub fn push(
+        &mut self,
+        run_id: &str,
+        seq: i64,
+        id: Ulid,
+        ts: DateTime<Utc>,
+        e: &NewEvent,
+        message_id: Option<String>,
+    ) {
+        self.run.push(run_id.to_owned());
+        self.seq.push(seq);
+        self.id.push(id.to_string());
+        self.ts.push(ts);
+        self.ty.push(e.body.type_name().into_owned());
+        self.child.push(e.child_id.clone());
+        self.payload.push(e.body.payload_text());
+        self.key.push(e.key.clone());
+        self.mid.push(message_id);
+    }
+
+    /// The last row's run, seq and event id (how an unanswered COMMIT is checked).
+    pub fn last(&self) -> Option<(String, i64, String)> {
+        let i = self.len().checked_sub(1)?;
+        Some((self.run[i].clone(), self.seq[i], self.id[i].clone()))
+    }
+
+    /// Empties the rows, keeping their room (import writes in chunks).
+    pub fn clear(&mut self) {
+        self.run.clear();
+        self.seq.clear();
+        self.id.clear();
+        self.ts.clear();
+        self.ty.clear();
+        self.child.clear();
+        self.payload.clear();
+        self.key.clear();
+        self.mid.clear();
+    }
+
+    /// The INSERT, prepared once per connection.
+    pub async fn statement<C: GenericClient>(c: &C) -> Result<Statement> {
+        Ok(c.prepare_cached(
+            "INSERT INTO agent_run_events
+                 (tenant_id, run_id, seq, id, ts, type, child_id, payload, idempotency_key, message_id)
+             SELECT $1, u.run_id, u.seq, u.id, u.ts, u.type, u.child_id, u.payload::jsonb, u.key, u.message_id
+             FROM unnest($2::text[], $3::bigint[], $4::text[], $5::timestamptz[], $6::text[], $7::text[],
+                         $8::text[], $9::text[], $10::text[])
+                  AS u(run_id, seq, id, ts, type, child_id, payload, key, message_id)
+             RETURNING 1",
+        )
+        .await?)
+    }
+
+    /// The statement's parameters.
+    pub fn params(&self) -> [&(dyn ToSql + Sync); 10] {
+        [
+            &self.tenant,
+            &self.run,
+            &self.seq,
+            &self.id,
+            &self.ts,
+            &self.ty,
+            &self.child,
+            &self.payload,
+            &self.key,
+            &self.mid,
+        ]
+    }
+}
+
+/// New heads of runs after their rows were inserted.
+pub struct RunRows {
+    tenant: String,
+    now: DateTime<Utc>,
+    run: Vec<String>,
+    last_seq: Vec<i64>,
+    last_id: Vec<Option<String>>,
+    state: Vec<Option<String>>,
+    ended: Vec<Option<DateTime<Utc>>>,
+}
+
+impl RunRows {
+    /// Heads of `tenant`'s runs, stamped `now` as their `updated_at`.
+    pub fn new(tenant: &str, now: DateTime<Utc>) -> RunRows {
+        RunRows {
+            tenant: tenant.to_owned(),
+            now,
+            run: vec![],
+            last_seq: vec![],
+            last_id: vec![],
+            state: vec![],
+            ended: vec![],
+        }
+    }
+
+    /// `run_id` now ends at `last_seq` (event `last_id`) in `state`; `ended` is when it
+    /// reached a terminal state, if this write took it there.
+    pub fn push(
+        &mut self,
+        run_id: &str,
+        last_seq: i64,
+        last_id: Option<Ulid>,
+        state: Option<RunState>,
+        ended: Option<DateTime<Utc>>,
+    ) {
+        self.run.push(run_id.to_owned());
+        self.last_seq.push(last_seq);
+        self.last_id.push(last_id.map(|u| u.to_string()));
+        self.state.push(state.map(|s| s.as_str().to_owned()));
+        self.ended.push(ended);
+    }
+
+    /// The UPDATE, prepared once per connection; a run whose head did not move is left
+    /// alone.
+    pub async fn statement<C: GenericClient>(c: &C) -> Result<Statement> {
+        Ok(c.prepare_cached(
+            "UPDATE runs r SET last_seq = u.last_seq, last_event_id = u.last_id, state = u.state,
+                    updated_at = $2, ended_at = COALESCE(u.ended_at, r.ended_at)
+             FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[], $7::timestamptz[])
+                  AS u(run_id, last_seq, last_id, state, ended_at)
+             WHERE r.tenant_id = $1 AND r.run_id = u.run_id AND r.last_seq <> u.last_seq",
+        )
+        .await?)
+    }
+
+    /// The statement's parameters.
+    pub fn params(&self) -> [&(dyn ToSql + Sync); 7] {
+        [&self.tenant, &self.now, &self.run, &self.last_seq, &self.last_id, &self.state, &self.ended]
+    }
+}

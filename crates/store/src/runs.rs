@@ -1,0 +1,224 @@
+//! Runs: creation and lookup, always inside a tenant-scoped transaction.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio_postgres::Row;
+use ulid::Ulid;
+
+use super::db::{tenant_tx, Db};
+use crate::error::{Error, ErrorCode, Result};
+use agent_stream_core::domain::RunState;
+
+/// A run's row: identity, hierarchy, position and state.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunInfo {
+    /// The run id (ULID).
+    pub run_id: String,
+    /// The parent for sub-runs.
+    pub parent_run_id: Option<String>,
+    /// The top of the run tree (itself for top-level runs).
+    pub root_run_id: String,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// Time of the last append.
+    pub updated_at: DateTime<Utc>,
+    /// Seq of the newest event (0 when empty).
+    pub last_seq: i64,
+    /// Current lifecycle state (`None` before the first `run.lifecycle`).
+    pub state: Option<RunState>,
+}
+
+const RUN_COLUMNS: &str = "run_id, parent_run_id, root_run_id, created_at, updated_at, last_seq, state";
+
+fn run_from_row(r: &Row) -> RunInfo {
+    RunInfo {
+        run_id: r.get(0),
+        parent_run_id: r.get(1),
+        root_run_id: r.get(2),
+        created_at: r.get(3),
+        updated_at: r.get(4),
+        last_seq: r.get(5),
+        state: r.get::<_, Option<&str>>(6).and_then(RunState::parse),
+    }
+}
+
+/// The error for a run that does not exist *for this tenant*. Other tenants' runs get
+/// exactly the same answer, so it never confirms that an id exists elsewhere.
+pub fn run_not_found(run_id: &str) -> Error {
+    Error::reject(ErrorCode::RunNotFound, format!("run `{run_id}` not found"))
+}
+
+/// Checks that a path or body id is a ULID before any query runs.
+pub fn parse_run_id(s: &str) -> Result<String> {
+    Ulid::from_string(s).map(|u| u.to_string()).map_err(|_| {
+        Error::reject(
+            ErrorCode::InvalidParameter,
+            format!("`{}` is not a run id (a 26-character ULID)", truncate(s)),
+        )
+    })
+}
+
+fn truncate(s: &str) -> String {
+    if s.chars().count() > 40 {
+        format!("{}…", s.chars().take(40).collect::<String>())
+    } else {
+        s.to_owned()
+    }
+}
+
+/// Creates a run, optionally under `parent_run_id` (which must belong to the tenant).
+pub async fn create_run(db: &Db, tenant: &str, parent_run_id: Option<&str>) -> Result<RunInfo> {
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    let run = insert_run(&tx, tenant, parent_run_id).await?;
+    tx.commit().await?;
+    Ok(run)
+}
+
+/// [`create_run`] inside a transaction already scoped to the tenant.
+pub async fn insert_run(
+    tx: &deadpool_postgres::Transaction<'_>,
+    tenant: &str,
+    parent_run_id: Option<&str>,
+) -> Result<RunInfo> {
+    let parent = parent_run_id.map(parse_run_id).transpose()?;
+    let root = match &parent {
+        Some(p) => {
+            let row = tx
+                .query_opt("SELECT root_run_id FROM runs WHERE tenant_id = $1 AND run_id = $2", &[&tenant, p])
+                .await?;
+            match row {
+                Some(r) => Some(r.get::<_, String>(0)),
+                None => return Err(run_not_found(p)),
+            }
+        }
+        None => None,
+    };
+    let run_id = next_run_id().to_string();
+    let root = root.unwrap_or_else(|| run_id.clone());
+    let row = tx
+        .query_one(
+            &format!(
+                "INSERT INTO runs (tenant_id, run_id, parent_run_id, root_run_id) VALUES ($1, $2, $3, $4)
+                 RETURNING {RUN_COLUMNS}"
+            ),
+            &[&tenant, &run_id, &parent, &root],
+        )
+        .await?;
+    Ok(run_from_row(&row))
+}
+
+/// Looks a run up; `RUN-NOT-FOUND` when the tenant has no such run.
+pub async fn get_run(db: &Db, tenant: &str, run_id: &str) -> Result<RunInfo> {
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    let run = get_run_in(&tx, tenant, run_id).await?;
+    tx.commit().await?;
+    Ok(run)
+}
+
+/// [`get_run`] inside a transaction already scoped to the tenant.
+pub async fn get_run_in<C: deadpool_postgres::GenericClient>(
+    c: &C,
+    tenant: &str,
+    run_id: &str,
+) -> Result<RunInfo> {
+    let run_id = parse_run_id(run_id)?;
+    let stmt = c
+        .prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1 AND run_id = $2"))
+        .await?;
+    let row = c.query_opt(&stmt, &[&tenant, &run_id]).await?;
+    row.as_ref().map(run_from_row).ok_or_else(|| run_not_found(&run_id))
+}
+
+/// Filters and cursor of a run listing (newest first, by run id).
+#[derive(Debug, Clone, Default)]
+pub struct RunQuery {
+    /// Only runs in this state.
+    pub state: Option<RunState>,
+    /// Only runs created at or after this time.
+    pub created_after: Option<DateTime<Utc>>,
+    /// Only runs created before this time.
+    pub created_before: Option<DateTime<Utc>>,
+    /// Only runs older than this run id (the cursor).
+    pub before_run_id: Option<String>,
+    /// Page size.
+    pub limit: i64,
+}
+
+/// A page of the tenant's runs, newest first. Run ids are ULIDs, so their order is
+/// creation order and they double as a stable cursor.
+pub async fn list_runs(db: &Db, tenant: &str, q: &RunQuery) -> Result<Vec<RunInfo>> {
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    let stmt = tx
+        .prepare_cached(&format!(
+            "SELECT {RUN_COLUMNS} FROM runs
+             WHERE tenant_id = $1
+               AND ($2::text IS NULL OR state = $2)
+               AND ($3::timestamptz IS NULL OR created_at >= $3)
+               AND ($4::timestamptz IS NULL OR created_at < $4)
+               AND ($5::text IS NULL OR run_id < $5)
+             ORDER BY run_id DESC LIMIT $6"
+        ))
+        .await?;
+    let state = q.state.map(|s| s.as_str());
+    let rows = tx
+        .query(&stmt, &[&tenant, &state, &q.created_after, &q.created_before, &q.before_run_id, &q.limit])
+        .await?;
+    tx.commit().await?;
+    Ok(rows.iter().map(run_from_row).collect())
+}
+
+/// The tenant's runs whose row changed at or after `since`, oldest change first, and
+/// the database's clock (the next `since`).
+pub async fn changed_since(
+    db: &Db,
+    tenant: &str,
+    since: DateTime<Utc>,
+) -> Result<(Vec<RunInfo>, DateTime<Utc>)> {
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    let rows = tx
+        .query(
+            &format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1 AND updated_at >= $2
+                 ORDER BY updated_at, run_id"
+            ),
+            &[&tenant, &since],
+        )
+        .await?;
+    let now: DateTime<Utc> = tx.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
+    tx.commit().await?;
+    Ok((rows.iter().map(run_from_row).collect(), now))
+}
+
+/// The tenant's runs that can still change (not in a terminal state) or changed in the
+/// last `recent_secs` seconds, with the database's clock.
+pub async fn open_runs(db: &Db, tenant: &str, recent_secs: f64) -> Result<(Vec<RunInfo>, DateTime<Utc>)> {
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    let now: DateTime<Utc> = tx.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
+    let rows = tx
+        .query(
+            &format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1
+                   AND (state IS NULL OR state NOT IN ('done', 'aborted', 'error')
+                        OR updated_at >= clock_timestamp() - make_interval(secs => $2))"
+            ),
+            &[&tenant, &recent_secs],
+        )
+        .await?;
+    tx.commit().await?;
+    Ok((rows.iter().map(run_from_row).collect(), now))
+}
+
+/// A new run id, greater than every run id this process made before: runs are listed
+/// newest first by id, and two runs made in the same millisecond must list in the order
+/// they were made (a plain `Ulid::new()` orders them by its random part).
+fn next_run_id() -> Ulid {
+    static GENERATOR: std::sync::Mutex<ulid::Generator> = std::sync::Mutex::new(ulid::Generator::new());
+    let mut generator = GENERATOR.lock().unwrap_or_else(|p| p.into_inner());
+    // Overflow needs 2^80 ids in one millisecond; a fresh id is then as good as any.
+    generator.generate().unwrap_or_else(|_| Ulid::new())
+}

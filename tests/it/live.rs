@@ -639,6 +639,49 @@ mod graphql_ws {
         assert_eq!(next(&mut ws).await, ("STATE_CHANGED".into(), json!(run), json!("DONE")));
     }
 
+    /// `runsActivity` reads once per tenant wake-up, not once per subscriber: with 20
+    /// streams of one tenant, state changes cost the reads of one stream, and every
+    /// stream still reports every change.
+    #[tokio::test]
+    async fn runs_activity_streams_of_a_tenant_share_one_read_per_wake_up() {
+        const STREAMS: usize = 20;
+        const CHANGES: usize = 4;
+        let t = TestApp::new().await;
+        let runs = [t.create_run(&t.key_a).await, t.create_run(&t.key_a).await];
+        let mut sockets = vec![];
+        for _ in 0..STREAMS {
+            let mut ws = connect(&t, "graphql-transport-ws", &t.key_a).await;
+            assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack");
+            let q = "subscription { runsActivity { kind run { id state } } }";
+            send(&mut ws, json!({"id": "1", "type": "subscribe", "payload": {"query": q}})).await;
+            sockets.push(ws);
+        }
+        // The subscriptions take their starting points before anything changes.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let before = t.app.live.feeds.reads();
+        let changes = [(0, "running"), (1, "running"), (0, "paused"), (1, "done")];
+        for &(i, state) in changes.iter().take(CHANGES) {
+            let run = &runs[i];
+            t.append_ok(&t.key_a, run, json!([{"type": "run.lifecycle", "payload": {"state": state}}])).await;
+            for ws in sockets.iter_mut() {
+                let m = recv(ws).await.expect("activity");
+                let a = &m["payload"]["data"]["runsActivity"];
+                assert_eq!(a["kind"], "STATE_CHANGED", "{m}");
+                assert_eq!(a["run"]["id"], json!(run), "{m}");
+                assert_eq!(a["run"]["state"], json!(state.to_uppercase()), "{m}");
+            }
+        }
+        let reads = t.app.live.feeds.reads() - before;
+        eprintln!("reads for {CHANGES} state changes x {STREAMS} activity streams: {reads}");
+        // Each change was awaited before the next, so each took a read of its own; one
+        // per wake-up, plus a safety-poll read or two while the test runs.
+        assert!(reads >= CHANGES as u64, "{reads} reads counted for {CHANGES} changes");
+        assert!(
+            reads <= CHANGES as u64 + 3,
+            "{reads} reads for {CHANGES} changes with {STREAMS} streams: reads must not grow with streams"
+        );
+    }
+
     /// `afterSeq` beyond the run's end is an error with a stable code, not a silent wait.
     #[tokio::test]
     async fn after_seq_beyond_the_end_is_refused() {

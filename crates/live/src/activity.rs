@@ -2,24 +2,28 @@
 //!
 //! Every committed write already bumps the tenant's wake-up in the [`Hub`](super::Hub)
 //! (locally and through the listener from other processes). On a wake-up, at most
-//! every 100 ms (`MIN_GAP`), the stream reads the tenant's run rows changed since its last
-//! read, with an overlap for transactions that stamped `updated_at` before committing,
-//! and reports runs that are new or whose state moved. The rows are the truth, so a
-//! lost wake-up costs at most one safety-poll interval.
+//! every 100 ms (`MIN_GAP`), one task per watched tenant reads the tenant's run rows
+//! changed since its last read, with an overlap for transactions that stamped
+//! `updated_at` before committing, and hands the rows to every stream of the tenant;
+//! each stream reports the runs that are new to it or whose state moved. So a wake-up
+//! costs one read per tenant, whatever the number of streams. The rows are the truth,
+//! so a lost wake-up costs at most one safety-poll interval.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::Stream;
 use serde::Serialize;
+use tokio::sync::broadcast::{self, error::RecvError};
 
 use std::sync::Arc;
 
 use agent_stream_core::domain::RunState;
 use agent_stream_store::auth::Principal;
 use agent_stream_store::runs::{changed_since, open_runs, RunInfo};
-use agent_stream_store::Result;
+use agent_stream_store::{Db, Result};
 
 use crate::Live;
 
@@ -27,6 +31,78 @@ use crate::Live;
 const MIN_GAP: Duration = Duration::from_millis(100);
 /// How far before its last read a stream looks again (commit lag of `updated_at`).
 const OVERLAP: chrono::TimeDelta = chrono::TimeDelta::seconds(5);
+/// Reads a stream may fall behind before it reads for itself.
+const BUFFER: usize = 16;
+
+/// One read of a tenant's changed run rows, shared by the tenant's streams.
+struct Read {
+    rows: Vec<RunInfo>,
+    /// The database's clock at the read.
+    at: DateTime<Utc>,
+}
+
+/// The per-tenant reading tasks.
+#[derive(Default)]
+pub struct ActivityFeeds {
+    feeds: Mutex<HashMap<String, broadcast::Sender<Arc<Read>>>>,
+}
+
+impl ActivityFeeds {
+    /// Joins the tenant's reading task, starting it (reading from `since`) if this is
+    /// its first stream.
+    fn join(&self, live: &Arc<Live>, tenant: &str, since: DateTime<Utc>) -> broadcast::Receiver<Arc<Read>> {
+        let mut feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = feeds.get(tenant).filter(|tx| tx.receiver_count() > 0) {
+            return tx.subscribe();
+        }
+        let (tx, rx) = broadcast::channel(BUFFER);
+        feeds.insert(tenant.to_owned(), tx.clone());
+        tokio::spawn(tenant_feed(live.clone(), tenant.to_owned(), since, tx));
+        rx
+    }
+}
+
+/// Reads the tenant's changed runs once per wake-up for all its streams; ends with its
+/// last stream or the process.
+async fn tenant_feed(
+    live: Arc<Live>,
+    tenant: String,
+    mut since: DateTime<Utc>,
+    tx: broadcast::Sender<Arc<Read>>,
+) {
+    let mut wake = live.hub.tenant_watch(&tenant);
+    let mut stopping = live.stopping();
+    let mut last_read = tokio::time::Instant::now();
+    while tx.receiver_count() > 0 && !*stopping.borrow_and_update() {
+        // A wake-up, or the safety interval in case one was lost.
+        tokio::select! {
+            woke = tokio::time::timeout(super::SAFETY_POLL, wake.changed()) => {
+                if matches!(woke, Ok(Err(_))) {
+                    break;
+                }
+            }
+            _ = stopping.changed() => break,
+        }
+        tokio::time::sleep_until(last_read + MIN_GAP).await;
+        last_read = tokio::time::Instant::now();
+        wake.borrow_and_update();
+        if tx.receiver_count() == 0 {
+            break;
+        }
+        live.feeds.count_read();
+        match changed_since(&live.db, &tenant, since - OVERLAP).await {
+            Ok((rows, at)) => {
+                since = at;
+                let _ = tx.send(Arc::new(Read { rows, at }));
+            }
+            Err(e) => tracing::warn!(error = %e, "run activity read failed; retrying on the next wake-up"),
+        }
+    }
+    let mut all = live.activity.feeds.lock().unwrap_or_else(|p| p.into_inner());
+    if all.get(&tenant).is_some_and(|t| t.same_channel(&tx)) {
+        all.remove(&tenant);
+    }
+}
 
 /// What happened to a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -49,53 +125,55 @@ pub struct RunActivity {
 }
 
 struct Watching {
-    live: Arc<Live>,
-    who: Principal,
-    wake: tokio::sync::watch::Receiver<u64>,
+    db: Db,
+    tenant: String,
+    reads: broadcast::Receiver<Arc<Read>>,
+    /// The database's clock at the last read this stream took in.
     since: DateTime<Utc>,
     /// State last reported per run (runs that can still change or changed recently).
     known: HashMap<String, (Option<RunState>, DateTime<Utc>)>,
     queue: VecDeque<RunActivity>,
-    last_read: tokio::time::Instant,
 }
 
 /// The tenant's run activity from now on.
 pub async fn stream(live: Arc<Live>, who: Principal) -> Result<impl Stream<Item = RunActivity>> {
-    let wake = live.hub.tenant_watch(&who.tenant_id);
     let (open, now) = open_runs(&live.db, &who.tenant_id, 2.0 * OVERLAP.as_seconds_f64()).await?;
+    // Joined after the snapshot: what changes in between is in the feed's next read,
+    // which looks `OVERLAP` back.
+    let reads = live.activity.join(&live, &who.tenant_id, now);
     let known = open.into_iter().map(|r| (r.run_id, (r.state, r.updated_at))).collect();
     let w = Watching {
-        live,
-        who,
-        wake,
+        db: live.db.clone(),
+        tenant: who.tenant_id,
+        reads,
         since: now,
         known,
         queue: VecDeque::new(),
-        last_read: tokio::time::Instant::now(),
     };
     Ok(futures::stream::unfold(w, |mut w| async move {
         loop {
             if let Some(a) = w.queue.pop_front() {
                 return Some((a, w));
             }
-            // A wake-up, or the safety interval in case one was lost.
-            let woke = tokio::time::timeout(super::SAFETY_POLL, w.wake.changed()).await;
-            if matches!(woke, Ok(Err(_))) {
-                return None;
-            }
-            tokio::time::sleep_until(w.last_read + MIN_GAP).await;
-            w.last_read = tokio::time::Instant::now();
-            w.wake.borrow_and_update();
-            if let Err(e) = w.read().await {
-                tracing::warn!(error = %e, "run activity read failed; retrying on the next wake-up");
+            match w.reads.recv().await {
+                Ok(read) => w.take(&read.rows, read.at),
+                // Fell behind the shared reads: read for ourselves once, then rejoin them.
+                Err(RecvError::Lagged(_)) => match changed_since(&w.db, &w.tenant, w.since - OVERLAP).await {
+                    Ok((rows, at)) => w.take(&rows, at),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "run activity read failed; retrying on the next read")
+                    }
+                },
+                // The process is stopping (or the tenant's wake-ups ended with it).
+                Err(RecvError::Closed) => return None,
             }
         }
     }))
 }
 
 impl Watching {
-    async fn read(&mut self) -> Result<()> {
-        let (rows, now) = changed_since(&self.live.db, &self.who.tenant_id, self.since - OVERLAP).await?;
+    /// Queues what in `rows` (read at `now`) is new to this stream.
+    fn take(&mut self, rows: &[RunInfo], now: DateTime<Utc>) {
         for run in rows {
             let kind = match self.known.get(&run.run_id) {
                 None => ActivityKind::Created,
@@ -103,12 +181,11 @@ impl Watching {
                 Some(_) => continue,
             };
             self.known.insert(run.run_id.clone(), (run.state, run.updated_at));
-            self.queue.push_back(RunActivity { kind, run });
+            self.queue.push_back(RunActivity { kind, run: run.clone() });
         }
         // Finished runs cannot change again; forget them once out of the overlap.
         let horizon = now - OVERLAP * 2;
         self.known.retain(|_, (s, at)| !(s.is_some_and(|s| s.is_terminal()) && *at < horizon));
-        self.since = now;
-        Ok(())
+        self.since = self.since.max(now);
     }
 }

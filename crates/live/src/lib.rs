@@ -68,6 +68,8 @@ pub struct Live {
     pub feeds: std::sync::Arc<Feeds>,
     /// The folded view of each watched or read run, shared by every reader.
     pub views: ViewCache,
+    /// Shared per-tenant reads of run activity.
+    pub activity: activity::ActivityFeeds,
     /// The store every read goes through.
     pub db: Db,
     /// Key checks for open streams (revocation ends them).
@@ -152,6 +154,7 @@ impl Live {
             hub,
             feeds: Default::default(),
             views: ViewCache::default(),
+            activity: Default::default(),
             db,
             auth,
             metrics,

@@ -367,10 +367,12 @@ impl App {
         load_view(&self.db, &self.live.views, &who.tenant_id, run_id).await
     }
 
-    /// A run's views at exactly `seq` (0 up to its last seq), folded from the log.
+    /// A run's views at exactly `seq` (0 up to its last seq): the shared cached view and
+    /// the events after it, or a fold from the log's start when `seq` is before the cache.
     pub async fn view_at(&self, who: &Principal, run_id: &str, seq: i64) -> Result<(RunInfo, RunView)> {
         who.require(Scope::Read)?;
-        let (run, view) = crate::live::views::view_at(&self.db, &who.tenant_id, run_id, seq).await?;
+        let (run, view) =
+            crate::live::views::view_at(&self.db, &self.live.views, &who.tenant_id, run_id, seq).await?;
         if seq < 0 || seq > run.last_seq {
             return Err(Error::reject(
                 ErrorCode::InvalidParameter,

@@ -395,6 +395,51 @@ async fn a_finished_runs_view_is_not_refolded_on_every_read() {
     assert_eq!(v["messages"][0]["text"], "abc");
 }
 
+/// Joining a live run at its head in a dialect that renders from the view costs the
+/// cached view plus the events after it: of five subscribers, only the first folds the
+/// log; after two more events, the next joiner folds those two.
+#[tokio::test]
+async fn joining_at_the_head_folds_only_what_the_cached_view_lacks() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    let deltas: Vec<Value> =
+        (0..299).map(|i| json!({"type": "text.delta", "payload": {"text": format!("{i} ")}})).collect();
+    let (_, last) = t.append_ok(&t.key_a, &run, Value::Array(deltas)).await;
+    let join = |format: &'static str, cursor: i64| {
+        let (http, url, key) =
+            (t.http.clone(), format!("{}/v1/runs/{run}/stream?format={format}", t.base), t.key_a.clone());
+        async move {
+            let r = http
+                .get(url)
+                .bearer_auth(key)
+                .header("last-event-id", cursor.to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            // The stream is open: its start (and so its fold) is done.
+            r
+        }
+    };
+    let before = t.app.live.views.folded_events();
+    let mut open = vec![];
+    for format in ["agui", "vercel", "typed", "agui", "hier"] {
+        open.push(join(format, last).await);
+    }
+    assert_eq!(t.app.live.views.folded_events() - before, last as u64, "one fold of the log for five joins");
+    let (_, newest) = t
+        .append_ok(
+            &t.key_a,
+            &run,
+            json!([{"type": "text.delta", "payload": {"text": "a"}}, {"type": "text.delta", "payload": {"text": "b"}}]),
+        )
+        .await;
+    let before = t.app.live.views.folded_events();
+    open.push(join("vercel", newest).await);
+    assert_eq!(t.app.live.views.folded_events() - before, 2, "a later joiner folds only the new events");
+}
+
 /// Seed 001's checklist: large messages, empty messages, refresh after complete and
 /// during streaming, concurrent streams — the same bubbles however the view is read.
 #[tokio::test]

@@ -78,19 +78,40 @@ pub async fn load_view(
     Ok((run, view))
 }
 
-/// The run's views at exactly `upto` (a seq it has reached), folded from the log.
-pub async fn view_at(db: &Db, tenant: &str, run_id: &str, upto: i64) -> Result<(RunInfo, RunView)> {
+/// The run's views at exactly `upto` (a seq it has reached): the cached view plus the
+/// events after it when the cache is at or before `upto` (a client joining at the
+/// head), else a fold from the log's start. A fold that reaches further than the cache
+/// becomes the cache.
+pub async fn view_at(
+    db: &Db,
+    cache: &ViewCache,
+    tenant: &str,
+    run_id: &str,
+    upto: i64,
+) -> Result<(RunInfo, RunView)> {
     let mut client = db.pool.get().await?;
     let tx = tenant_tx(&mut client, tenant).await?;
     let run = get_run_in(&tx, tenant, run_id).await?;
-    let mut view = RunView::new();
+    let upto = upto.min(run.last_seq);
+    let slot = cache.slot(tenant, &run.run_id);
+    let mut cached = slot.lock().await;
+    let mut view = match cached.as_ref() {
+        Some(v) if v.seq <= upto => RunView::clone(v),
+        _ => RunView::new(),
+    };
     {
-        let events = stream_after(&tx, tenant, &run.run_id, 0, upto, &ALL_EVENTS).await?;
+        let events = stream_after(&tx, tenant, &run.run_id, view.seq, upto, &ALL_EVENTS).await?;
         futures::pin_mut!(events);
+        let mut n = 0;
         while let Some(e) = events.try_next().await? {
             view.apply(&e);
+            n += 1;
         }
+        cache.folded.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
     tx.commit().await?;
+    if cached.as_ref().is_none_or(|c| c.seq < view.seq) {
+        *cached = Some(Arc::new(view.clone()));
+    }
     Ok((run, view))
 }

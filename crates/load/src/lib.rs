@@ -5,7 +5,7 @@
 //! process so its CPU and memory are read apart from the load generator's.
 //!
 //! Scenarios: `ingest`, `ingest-single`, `fanout`, `export`, `fold`, `slow-readers`,
-//! `stuck`; each module's doc says what it measures and against what. The ones that need
+//! `stuck`, `join`; each module's doc says what it measures and against what. The ones that need
 //! PostgreSQL find it like the tests do (`DATABASE_URL`, else 127.0.0.1:5432, else the
 //! embedded default's private cluster) and work in a schema of their own (dropped at the
 //! end). BENCHMARKS.md keeps the latest figures. [`support`] also serves the criterion
@@ -19,6 +19,7 @@ mod fold;
 pub mod http;
 mod ingest;
 mod ingest_single;
+mod join;
 mod slow;
 mod stuck;
 pub mod support;
@@ -29,8 +30,8 @@ use agent_stream::server::{Database, DbChoice};
 use agent_stream::storage::embedded::default_data_dir;
 
 /// The scenarios, by name.
-pub const SCENARIOS: [&str; 7] =
-    ["ingest", "ingest-single", "fanout", "export", "fold", "slow-readers", "stuck"];
+pub const SCENARIOS: [&str; 8] =
+    ["ingest", "ingest-single", "fanout", "export", "fold", "slow-readers", "stuck", "join"];
 
 /// Where the scenarios look for PostgreSQL when `DATABASE_URL` is unset.
 const LOCAL: &str = "host=127.0.0.1 port=5432 user=postgres dbname=test";
@@ -57,6 +58,7 @@ pub async fn run(scenario: &str, bin: &Path) -> anyhow::Result<()> {
         "fanout" => fanout::run(bin, url, schema).await,
         "slow-readers" => slow::run(bin, url, schema).await,
         "stuck" => stuck::run(bin, url, schema).await,
+        "join" => join::run(bin, url, schema).await,
         _ => export::run(bin, url, schema).await,
     }
     let owner = database.owner().await?;

@@ -169,7 +169,11 @@ impl SseReader {
                 if let Some(id) = frame
                     .split(|b| *b == b'\n')
                     .find_map(|l| l.strip_prefix(b"id:"))
-                    .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
+                    // A dialect's id may go on past the seq (`S.K`, `S:R1,R2`).
+                    .and_then(|v| {
+                        let v = std::str::from_utf8(v).ok()?.trim();
+                        v[..v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len())].parse().ok()
+                    })
                 {
                     ids.push(id);
                 }

@@ -16,7 +16,7 @@ use futures::TryStreamExt;
 use agent_stream_core::projection::RunView;
 use agent_stream_store::db::{tenant_tx, Db};
 use agent_stream_store::events::{stream_after, ALL_EVENTS};
-use agent_stream_store::runs::{get_run_in, RunInfo};
+use agent_stream_store::runs::{get_run, RunInfo};
 use agent_stream_store::Result;
 
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<RunView>>>>;
@@ -49,6 +49,40 @@ impl ViewCache {
     }
 }
 
+/// Folds the events of `run` after `view.seq` up to `upto` into `view`, on a connection
+/// of its own; counts them in the cache's metric.
+async fn fold_tail(
+    db: &Db,
+    cache: &ViewCache,
+    tenant: &str,
+    run: &RunInfo,
+    view: &mut RunView,
+    upto: i64,
+) -> Result<()> {
+    if view.seq >= upto {
+        return Ok(());
+    }
+    let mut client = db.pool.get().await?;
+    let tx = tenant_tx(&mut client, tenant).await?;
+    {
+        let events = stream_after(&tx, tenant, &run.run_id, view.seq, upto, &ALL_EVENTS).await?;
+        futures::pin_mut!(events);
+        let mut n = 0;
+        while let Some(e) = events.try_next().await? {
+            view.apply(&e);
+            n += 1;
+        }
+        cache.folded.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+// Both readers below take the run's row first, on a connection they give back, and only
+// then wait for the run's slot: a reader waiting for the slot holds no connection, so a
+// crowd joining one run cannot take the whole pool while the fold it waits for needs a
+// connection (100 GraphQL subscribers joining a 100,000-event run did exactly that).
+
 /// The run's row and its views, folded at least up to the row's `last_seq`.
 pub async fn load_view(
     db: &Db,
@@ -56,24 +90,14 @@ pub async fn load_view(
     tenant: &str,
     run_id: &str,
 ) -> Result<(RunInfo, Arc<RunView>)> {
-    let mut client = db.pool.get().await?;
-    let tx = tenant_tx(&mut client, tenant).await?;
-    let run = get_run_in(&tx, tenant, run_id).await?;
+    let run = get_run(db, tenant, run_id).await?;
     let slot = cache.slot(tenant, &run.run_id);
     let mut cached = slot.lock().await;
     let mut view = cached.take().unwrap_or_default();
     if view.seq < run.last_seq {
-        let v = Arc::make_mut(&mut view);
-        let events = stream_after(&tx, tenant, &run.run_id, v.seq, i64::MAX, &ALL_EVENTS).await?;
-        futures::pin_mut!(events);
-        let mut n = 0;
-        while let Some(e) = events.try_next().await? {
-            v.apply(&e);
-            n += 1;
-        }
-        cache.folded.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        // On an error the slot stays empty: no half-folded view is left behind.
+        fold_tail(db, cache, tenant, &run, Arc::make_mut(&mut view), run.last_seq).await?;
     }
-    tx.commit().await?;
     *cached = Some(view.clone());
     Ok((run, view))
 }
@@ -89,9 +113,7 @@ pub async fn view_at(
     run_id: &str,
     upto: i64,
 ) -> Result<(RunInfo, RunView)> {
-    let mut client = db.pool.get().await?;
-    let tx = tenant_tx(&mut client, tenant).await?;
-    let run = get_run_in(&tx, tenant, run_id).await?;
+    let run = get_run(db, tenant, run_id).await?;
     let upto = upto.min(run.last_seq);
     let slot = cache.slot(tenant, &run.run_id);
     let mut cached = slot.lock().await;
@@ -99,17 +121,7 @@ pub async fn view_at(
         Some(v) if v.seq <= upto => RunView::clone(v),
         _ => RunView::new(),
     };
-    {
-        let events = stream_after(&tx, tenant, &run.run_id, view.seq, upto, &ALL_EVENTS).await?;
-        futures::pin_mut!(events);
-        let mut n = 0;
-        while let Some(e) = events.try_next().await? {
-            view.apply(&e);
-            n += 1;
-        }
-        cache.folded.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-    }
-    tx.commit().await?;
+    fold_tail(db, cache, tenant, &run, &mut view, upto).await?;
     if cached.as_ref().is_none_or(|c| c.seq < view.seq) {
         *cached = Some(Arc::new(view.clone()));
     }

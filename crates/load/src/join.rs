@@ -172,7 +172,7 @@ async fn cell(env: &Env<'_>, how: How, run: &str, head: i64, n: usize) -> Row {
         .post(
             &format!("/v1/runs/{run}/events"),
             key,
-            json!([{"type": "step.boundary", "payload": {"step_index": 0, "step_kind": "text_only"}}])
+            json!([{"type": "step.boundary", "payload": {"step_index": 0, "step_kind": "text-only"}}])
                 .to_string()
                 .into(),
         )
@@ -180,8 +180,9 @@ async fn cell(env: &Env<'_>, how: How, run: &str, head: i64, n: usize) -> Row {
         .expect("append");
     assert_eq!(r.status, 201, "{}", r.text());
     let (mut ms, mut failed) = (vec![], 0);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     for t in tasks {
-        match tokio::time::timeout(Duration::from_secs(120), t).await {
+        match tokio::time::timeout_at(deadline, t).await {
             Ok(Ok(Ok(v))) => ms.push(v),
             Ok(Ok(Err(e))) => {
                 eprintln!("{}: {e}", how.name());
@@ -224,7 +225,9 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
     println!("| transport | run | time to first event p50 / p99 | server CPU | live reads | events folded | failed | p99 ratio long/short |");
     println!("|---|---|---|---|---|---|---|---|");
     let mut heads = std::collections::HashMap::new();
-    for how in HOWS {
+    // `JOIN_ONLY=agui` keeps the transports whose name contains it.
+    let only = std::env::var("JOIN_ONLY").unwrap_or_default();
+    for how in HOWS.into_iter().filter(|h| h.name().contains(&only)) {
         let mut short_p99 = f64::NAN;
         for (name, run, len) in [("100 events", &short, 100usize), ("long", &long, events)] {
             let head = *heads.entry(run.clone()).or_insert(len as i64);

@@ -7,8 +7,8 @@
 //! the appends, and once the stuck subscribers were cut off (the server closes a
 //! GraphQL WebSocket that takes nothing for `--ws-stall-secs`; the clients keep their
 //! connections open), and the growth per stuck subscriber above the baseline's.
-//! Transports: GraphQL `runEvents` over WebSocket. SSE is to come with its shedding
-//! rules (the `Transport::Sse` row prints "not measured" until then).
+//! Transports: GraphQL `runEvents` over WebSocket, and SSE (`/stream?detail=full`),
+//! whose stuck readers hold at most the page in hand and the chunks hyper queues.
 
 use std::path::Path;
 use std::time::Duration;
@@ -37,7 +37,7 @@ enum Transport {
     None,
     /// GraphQL `runEvents` over `graphql-transport-ws`.
     Ws,
-    /// `GET /v1/runs/{id}/stream`: measured once its shedding bounds what a stuck reader holds.
+    /// `GET /v1/runs/{id}/stream?detail=full`, read up to its response head.
     Sse,
 }
 
@@ -51,10 +51,6 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
     println!("|---|---|---|---|---|");
     let mut baseline = 0.0;
     for how in [Transport::None, Transport::Ws, Transport::Sse] {
-        if matches!(how, Transport::Sse) {
-            println!("| {STUCK} over SSE | not measured here yet | | | |");
-            continue;
-        }
         let (before, peak, after) = cell(how, bin, url, schema, &key.secret).await;
         let mib = |k: u64| k as f64 / 1024.0;
         let growth = mib(peak.saturating_sub(before));
@@ -63,7 +59,8 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
                 baseline = growth;
                 "none (baseline)".to_owned()
             }
-            _ => format!("{STUCK} over WebSocket"),
+            Transport::Ws => format!("{STUCK} over WebSocket"),
+            Transport::Sse => format!("{STUCK} over SSE"),
         };
         let per = match how {
             Transport::None => "".to_owned(),
@@ -95,9 +92,12 @@ async fn cell(how: Transport, bin: &Path, url: &str, schema: &str, key: &str) ->
     let before = support::status_kib(server.pid, "VmRSS:");
     let addr = server.base.trim_start_matches("http://").to_owned();
     let mut held = vec![];
-    if matches!(how, Transport::Ws) {
-        for _ in 0..STUCK {
-            held.push(stuck_ws(&addr, key, &run).await);
+    let mut held_sse = vec![];
+    for _ in 0..STUCK {
+        match how {
+            Transport::Ws => held.push(stuck_ws(&addr, key, &run).await),
+            Transport::Sse => held_sse.push(stuck_sse(&addr, key, &run).await),
+            Transport::None => {}
         }
     }
     let mut peak = before;
@@ -108,6 +108,7 @@ async fn cell(how: Transport, bin: &Path, url: &str, schema: &str, key: &str) ->
     tokio::time::sleep(Duration::from_secs(10)).await;
     let after = support::status_kib(server.pid, "VmRSS:");
     drop(held);
+    drop(held_sse);
     (before, peak, after)
 }
 
@@ -143,4 +144,21 @@ async fn stuck_ws(
         "variables": {"r": run}}});
     ws.send(Message::text(sub.to_string())).await.expect("subscribe");
     ws
+}
+
+/// An SSE subscriber (from seq 10,001, like the WebSocket one) that reads the response
+/// head with a 4 KiB receive buffer, then never reads again.
+async fn stuck_sse(addr: &str, key: &str, run: &str) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("rcvbuf");
+    let mut s = socket.connect(addr.parse().expect("addr")).await.expect("connect");
+    let req = format!(
+        "GET /v1/runs/{run}/stream?detail=full&after_seq=10001 HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.expect("request");
+    let mut head = [0u8; 512];
+    let n = s.read(&mut head).await.expect("head");
+    assert!(head[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head[..n]));
+    s
 }

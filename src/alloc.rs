@@ -2,7 +2,7 @@
 //!
 //! The reducer and the live path make many small, short-lived allocations. With glibc's
 //! malloc, a third of the fold's time went to malloc, free and heap consolidation, and
-//! mimalloc doubled the fold's rate (BENCHMARKS.md, `bench fold`).
+//! mimalloc doubled the fold's rate (docs/benchmarks-log.md, `bench fold`).
 
 /// The global allocator: `#[global_allocator] static A: Allocator = Allocator;`.
 pub use mimalloc::MiMalloc as Allocator;

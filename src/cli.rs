@@ -1,8 +1,8 @@
-//! The `agent-stream` command line: serve, migrate, administer tenants and keys, export,
-//! import and the load tool. It lives in the library rather than in `main.rs` because a
-//! binary crate compiles after the library, with nothing left to build beside it: this
-//! code took 40 s there, at the end of every first build, and costs the library 19 s
-//! (BENCHMARKS.md).
+//! The `agent-stream` command line: serve, migrate, administer tenants and keys, export
+//! and import (the load tool is a binary of its own, `agent-stream-load`). It lives in
+//! the library rather than in `main.rs` because a binary crate compiles after the
+//! library, with nothing left to build beside it: this code took 40 s there, at the end
+//! of every first build, and costs the library 19 s (docs/benchmarks-log.md).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -180,7 +180,7 @@ impl From<tokio_postgres::Error> for Failed {
 /// statements can be pipelined: BEGIN, the tenant setting and the row locks go out in
 /// one round trip, and the INSERT, the UPDATE and COMMIT in another. A group then waits
 /// on three round trips instead of six, and group commit is bound by how fast groups
-/// go round (BENCHMARKS.md, `bench ingest-single`).
+/// go round (docs/benchmarks-log.md, `bench ingest-single`).
 async fn try_group(
     db: &Db,
     tenant: &str,

@@ -7,7 +7,7 @@
 //! Payloads go as text and are cast per row: a `jsonb[]` parameter is parsed whole
 //! while the statement is bound, in memory held until it ends (megabytes for 1,000
 //! events, which the backend's allocator then grows and trims on every batch); the cast
-//! parses each row in memory reset per row (BENCHMARKS.md, `bench ingest`).
+//! parses each row in memory reset per row (docs/benchmarks-log.md, `bench ingest`).
 //!
 //! `RETURNING 1` is for Citus, and costs one small row per event elsewhere: an INSERT
 //! whose rows come from a function is run by the coordinator, which otherwise writes

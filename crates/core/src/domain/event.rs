@@ -79,7 +79,7 @@ pub struct Delta {
 /// A JSON value of a payload (tool input, progress data, output, error), shared between
 /// the log's event and the views that show it. Folding a run used to deep-copy each one
 /// into the view: a third of the view's memory in the generated mixed run (294 → 196 MiB,
-/// BENCHMARKS.md, `bench fold`).
+/// docs/benchmarks-log.md, `bench fold`).
 pub type SharedValue = std::sync::Arc<Value>;
 
 fn is_null(v: &SharedValue) -> bool {

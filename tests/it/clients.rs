@@ -1,0 +1,209 @@
+//! Standard clients, unmodified but for their URL and headers, against a real
+//! `agent-stream serve` process: live, across a SIGKILL and restart of the service, and
+//! after the run has ended. Each must get every event exactly once and end with the
+//! state of a client that never disconnected.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+
+use crate::common::TestApp;
+
+/// A server process on the test's schema that can be killed and started again on the
+/// same port (clients reconnect to the URL they were given).
+struct Server {
+    child: Option<Child>,
+    port: u16,
+    schema: String,
+    url: String,
+}
+
+impl Server {
+    async fn start(t: &TestApp) -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("port");
+        let mut s = Server { child: None, port, schema: t.db.schema.clone(), url: t.db.url.clone() };
+        s.restart().await;
+        s
+    }
+
+    fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the process (again) and waits until it answers.
+    async fn restart(&mut self) {
+        for _ in 0..5 {
+            let child = Command::new(env!("CARGO_BIN_EXE_agent-stream"))
+                .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port), "--schema", &self.schema])
+                .args(["--retention-interval", "0"])
+                .env("DATABASE_URL", &self.url)
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn agent-stream");
+            self.child = Some(child);
+            for _ in 0..200 {
+                if reqwest::get(format!("{}/healthz", self.base())).await.is_ok() {
+                    return;
+                }
+                if let Some(Ok(Some(_))) = self.child.as_mut().map(Child::try_wait) {
+                    break; // it exited (the port not free yet): try again
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("server did not start");
+    }
+
+    /// SIGKILL: no shutdown, no close frames; sockets are reset by the kernel.
+    async fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(c.id().expect("pid") as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("kill");
+            let _ = c.wait().await;
+        }
+    }
+}
+
+fn node_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node");
+    crate::live::npm_ci(&dir);
+    dir
+}
+
+/// A Node script's output, line by line.
+struct Script {
+    _child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Script {
+    fn spawn(script: &str, args: &[&str]) -> Script {
+        let dir = node_dir();
+        let mut child = Command::new(crate::live::node_bin(&dir))
+            .arg(dir.join(script))
+            .args(args)
+            .current_dir(&dir)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("node is needed for the Node client tests");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        Script { _child: child, lines }
+    }
+
+    async fn line(&mut self) -> Option<String> {
+        tokio::time::timeout(Duration::from_secs(30), self.lines.next_line())
+            .await
+            .expect("node output within 30 s")
+            .expect("read")
+    }
+}
+
+fn delta(text: &str) -> Value {
+    json!({"type": "text.delta", "payload": {"text": text}})
+}
+
+/// What a graphql-ws script received: the events (as JSON) and how many times it connected.
+#[derive(Default)]
+struct Received {
+    events: Vec<Value>,
+    connections: i64,
+    complete: bool,
+}
+
+impl Received {
+    fn seqs(&self) -> Vec<i64> {
+        self.events.iter().map(|e| e["seq"].as_i64().unwrap_or(-1)).collect()
+    }
+
+    /// Reads lines until the event with `seq` (or the completion when `None`).
+    async fn read_until(&mut self, s: &mut Script, seq: Option<i64>) {
+        while let Some(l) = s.line().await {
+            if l == "complete" {
+                self.complete = true;
+                return;
+            }
+            let v: Value = serde_json::from_str(&l).unwrap_or_else(|_| panic!("not JSON: {l}"));
+            if let Some(n) = v["connected"].as_i64() {
+                self.connections = n;
+                continue;
+            }
+            let got = v["seq"].as_i64();
+            self.events.push(v);
+            if seq.is_some() && got >= seq {
+                return;
+            }
+        }
+        panic!("the script ended early after {:?}", self.seqs());
+    }
+}
+
+/// `graphql-ws`'s own reconnect, across a SIGKILL and restart of the service, with the
+/// subscription's `variables.afterSeq` following the last seq seen (README: GraphQL,
+/// "Reconnecting"): every event exactly once, the same events as a client that never
+/// disconnected; and a client that keeps its first `afterSeq` gets duplicates, which is
+/// why the README says to follow the seq.
+#[tokio::test]
+async fn graphql_ws_reconnects_across_a_service_restart_without_duplicates() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}, delta("a")]))
+        .await;
+    let mut server = Server::start(&t).await;
+    let base = server.base();
+    let mut following = Script::spawn("graphql_ws_resume.mjs", &[&base, &t.key_a, &run]);
+    let mut naive = Script::spawn("graphql_ws_resume.mjs", &[&base, &t.key_a, &run, "--static"]);
+    // The never-disconnected client, on the in-process server that is never killed.
+    let mut steady = Script::spawn("graphql_ws_resume.mjs", &[&t.base, &t.key_a, &run]);
+    let (mut f, mut n, mut s) = (Received::default(), Received::default(), Received::default());
+    f.read_until(&mut following, Some(2)).await;
+    n.read_until(&mut naive, Some(2)).await;
+    // Live, then killed mid-run; events written while the service is down and after.
+    for i in 0..5 {
+        t.append_ok(&t.key_a, &run, json!([delta(&format!("live {i}"))])).await;
+    }
+    f.read_until(&mut following, Some(7)).await;
+    n.read_until(&mut naive, Some(7)).await;
+    server.kill().await;
+    for i in 0..5 {
+        t.append_ok(&t.key_a, &run, json!([delta(&format!("while down {i}"))])).await;
+    }
+    server.restart().await;
+    for i in 0..5 {
+        t.append_ok(&t.key_a, &run, json!([delta(&format!("after {i}"))])).await;
+    }
+    let (_, last) =
+        t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "done"}}])).await;
+    f.read_until(&mut following, None).await;
+    n.read_until(&mut naive, None).await;
+    s.read_until(&mut steady, None).await;
+
+    let all: Vec<i64> = (1..=last).collect();
+    assert_eq!(s.seqs(), all, "the never-disconnected client");
+    assert_eq!(f.connections, 2, "it reconnected once, by itself");
+    assert_eq!(f.seqs(), all, "every event exactly once after the reconnect");
+    assert_eq!(f.events, s.events, "the same events as the never-disconnected client");
+    assert!(f.complete && s.complete);
+    // Without following the seq, the re-subscription starts over: seqs 1..7 twice.
+    let mut twice: Vec<i64> = (1..=7).collect();
+    twice.extend(1..=last);
+    assert_eq!(n.seqs(), twice, "a static afterSeq repeats what the client had");
+
+    // After the run has ended: a new client gets the whole run, then the completion.
+    let mut after = Script::spawn("graphql_ws_resume.mjs", &[&server.base(), &t.key_a, &run]);
+    let mut a = Received::default();
+    a.read_until(&mut after, None).await;
+    assert_eq!(a.events, s.events);
+    assert!(a.complete);
+    server.kill().await;
+}

@@ -157,8 +157,12 @@ impl Received {
 async fn graphql_ws_reconnects_across_a_service_restart_without_duplicates() {
     let t = TestApp::new().await;
     let run = t.create_run(&t.key_a).await;
-    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}, delta("a")]))
-        .await;
+    t.append_ok(
+        &t.key_a,
+        &run,
+        json!([{"type": "run.lifecycle", "payload": {"state": "running"}}, delta("a")]),
+    )
+    .await;
     let mut server = Server::start(&t).await;
     let base = server.base();
     let mut following = Script::spawn("graphql_ws_resume.mjs", &[&base, &t.key_a, &run]);
@@ -206,4 +210,139 @@ async fn graphql_ws_reconnects_across_a_service_restart_without_duplicates() {
     assert_eq!(a.events, s.events);
     assert!(a.complete);
     server.kill().await;
+}
+
+/// Reads a chat.mjs / agui.mjs script's lines until a `{"data": kind}` line (`Some`) or
+/// its final line (`None`, returned).
+async fn read_script(s: &mut Script, kind: Option<&str>) -> Value {
+    while let Some(l) = s.line().await {
+        let v: Value = serde_json::from_str(&l).unwrap_or_else(|_| panic!("not JSON: {l}"));
+        if let Some(f) = v.get("final") {
+            assert!(kind.is_none(), "ended before {kind:?}: {f}");
+            return f.clone();
+        }
+        if kind.is_some() && v["data"].as_str() == kind {
+            return v;
+        }
+    }
+    panic!("the script ended without its final line");
+}
+
+fn running() -> Value {
+    json!({"type": "run.lifecycle", "payload": {"state": "running"}})
+}
+
+fn assistant_delta(text: &str) -> Value {
+    json!({"type": "text.delta", "payload": {"text": text, "message_id": "a1"}})
+}
+
+/// The text of an AI SDK message's text parts, and its `data-lifecycle` state.
+fn chat_text_and_state(m: &Value) -> (String, Value) {
+    let parts = m["parts"].as_array().cloned().unwrap_or_default();
+    let text = parts.iter().filter(|p| p["type"] == "text").filter_map(|p| p["text"].as_str()).collect();
+    let state = parts
+        .iter()
+        .find(|p| p["type"] == "data-lifecycle")
+        .map(|p| p["data"]["state"].clone())
+        .unwrap_or(Value::Null);
+    (text, state)
+}
+
+/// The AI SDK's chat with `DefaultChatTransport({api: "<base>/v1/chat", headers})`:
+/// `sendMessage` appends the user message once (two clients post the same message id)
+/// and streams the run live; a SIGKILL and restart of the service cuts one client's
+/// stream, and its `resumeStream()` ends with exactly the messages of the client that
+/// never disconnected; a client that arrives after the end gets `204` from
+/// `resumeStream` and `RUN-CLOSED` from `sendMessage`.
+#[tokio::test]
+async fn the_ai_sdk_chat_transport_posts_and_resumes_across_a_service_restart() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([running()])).await;
+    let mut server = Server::start(&t).await;
+    let mut steady = Script::spawn("chat.mjs", &["send", &t.base, &t.key_a, &run, "hello"]);
+    read_script(&mut steady, Some("data-message")).await;
+    let mut cut = Script::spawn("chat.mjs", &["send", &server.base(), &t.key_a, &run, "hello"]);
+    read_script(&mut cut, Some("data-message")).await;
+    // The runtime answers by appending.
+    let start = json!({"type": "message.start", "payload": {"message_id": "a1", "role": "assistant"}});
+    t.append_ok(&t.key_a, &run, json!([start, assistant_delta("Hi"), assistant_delta(" there")])).await;
+    let step = json!({"type": "step.boundary", "payload": {"step_index": 1, "step_kind": "text-only"}});
+    t.append_ok(&t.key_a, &run, json!([step])).await;
+    read_script(&mut steady, Some("data-step")).await;
+    read_script(&mut cut, Some("data-step")).await;
+    server.kill().await;
+    t.append_ok(&t.key_a, &run, json!([assistant_delta(", while")])).await;
+    server.restart().await;
+    // Its resumeStream() re-synchronises it (the replay's lifecycle part arrives again)
+    // while the run is still going; one that came back after the end would get 204.
+    read_script(&mut cut, Some("data-lifecycle")).await;
+    t.append_ok(&t.key_a, &run, json!([assistant_delta(" down.")])).await;
+    let end = json!({"type": "message.end", "payload": {"message_id": "a1", "stop_reason": "end_turn"}});
+    let done = json!({"type": "run.lifecycle", "payload": {"state": "done"}});
+    t.append_ok(&t.key_a, &run, json!([end, done])).await;
+    let (s, c) = (read_script(&mut steady, None).await, read_script(&mut cut, None).await);
+
+    // One user message in the run, whoever posted it.
+    let events = t.events(&t.key_a, &run).await;
+    let users: Vec<&Value> =
+        events.iter().filter(|e| e["type"] == "message.start" && e["payload"]["role"] == "user").collect();
+    assert_eq!(users.len(), 1, "the user message is appended once");
+    assert_eq!(users[0]["payload"]["message_id"], "u-1");
+
+    assert_eq!(s["status"], "ready", "{s}");
+    assert_eq!(s["errors"], json!([]), "{s}");
+    let msgs = s["messages"].as_array().expect("messages");
+    assert_eq!(msgs.len(), 2, "{s}");
+    assert_eq!((&msgs[0]["role"], &msgs[0]["id"]), (&json!("user"), &json!("u-1")));
+    assert_eq!((&msgs[1]["role"], &msgs[1]["id"]), (&json!("assistant"), &json!(run)));
+    assert_eq!(chat_text_and_state(&msgs[1]), ("Hi there, while down.".to_owned(), json!("done")));
+    assert_eq!(
+        s["finishes"],
+        json!([{"isAbort": false, "isDisconnect": false, "isError": false, "finishReason": "stop"}])
+    );
+    // The cut client: an error when the service died, then resumeStream to the end.
+    assert!(c["resumes"].as_i64().unwrap_or(0) >= 1, "{c}");
+    assert_eq!(c["status"], "ready", "{c}");
+    assert_eq!(c["messages"], s["messages"], "the resumed chat equals the never-disconnected one");
+
+    // After the end: resumeStream gets 204 (the chat stays ready and empty), and a new
+    // message is refused with RUN-CLOSED.
+    let mut late = Script::spawn("chat.mjs", &["late", &server.base(), &t.key_a, &run, "too late"]);
+    let l = read_script(&mut late, None).await;
+    assert_eq!(l["afterResume"], json!({"status": "ready", "messages": 0}), "{l}");
+    assert_eq!(l["status"], "error", "{l}");
+    assert!(l["error"].as_str().unwrap_or_default().contains("RUN-CLOSED"), "{l}");
+    assert_eq!(t.events(&t.key_a, &run).await.len(), events.len(), "nothing written");
+    let r = t
+        .http
+        .get(format!("{}/v1/chat/{run}/stream", server.base()))
+        .bearer_auth(&t.key_a)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), reqwest::StatusCode::NO_CONTENT);
+    server.kill().await;
+}
+
+/// An aborted run reaches the chat as the SDK defines it: the stream ends with its
+/// `abort` chunk, the message's `data-lifecycle` part says `aborted`, and `onFinish` is
+/// called once (its `isAbort` is the client's own `stop()`, so it stays false).
+#[tokio::test]
+async fn the_ai_sdk_chat_sees_an_aborted_run_end() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([running()])).await;
+    let mut chat = Script::spawn("chat.mjs", &["send", &t.base, &t.key_a, &run, "hello"]);
+    read_script(&mut chat, Some("data-message")).await;
+    let start = json!({"type": "message.start", "payload": {"message_id": "a1", "role": "assistant"}});
+    let aborted = json!({"type": "run.lifecycle", "payload": {"state": "aborted", "reason": "user"}});
+    t.append_ok(&t.key_a, &run, json!([start, assistant_delta("Partial"), aborted])).await;
+    let f = read_script(&mut chat, None).await;
+    assert_eq!(f["status"], "ready", "{f}");
+    let msgs = f["messages"].as_array().expect("messages");
+    assert_eq!(chat_text_and_state(&msgs[1]), ("Partial".to_owned(), json!("aborted")), "{f}");
+    assert_eq!(f["finishes"].as_array().map(Vec::len), Some(1), "{f}");
+    assert_eq!(f["finishes"][0]["isError"], false, "{f}");
+    eprintln!("aborted run: {}", f["finishes"]);
 }

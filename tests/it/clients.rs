@@ -346,3 +346,113 @@ async fn the_ai_sdk_chat_sees_an_aborted_run_end() {
     assert_eq!(f["finishes"][0]["isError"], false, "{f}");
     eprintln!("aborted run: {}", f["finishes"]);
 }
+
+/// AG-UI's `HttpAgent` pointed at `POST /v1/agui` (url and headers only, threadId = the
+/// run): the user message is appended once (two agents post it), the run streams live;
+/// a SIGKILL and restart of the service cuts one agent's run, which runs again and ends
+/// with exactly the messages and state of the agent that never disconnected; an agent
+/// that arrives after the end gets the whole run, and a new message is refused.
+#[tokio::test]
+async fn the_ag_ui_http_agent_posts_and_reruns_across_a_service_restart() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([running()])).await;
+    let mut server = Server::start(&t).await;
+    let mut steady = Script::spawn("agui.mjs", &["send", &t.base, &t.key_a, &run, "hello"]);
+    read_script(&mut steady, Some("MESSAGES_SNAPSHOT")).await;
+    let mut cut = Script::spawn("agui.mjs", &["send", &server.base(), &t.key_a, &run, "hello"]);
+    read_script(&mut cut, Some("MESSAGES_SNAPSHOT")).await;
+    let start = json!({"type": "message.start", "payload": {"message_id": "a1", "role": "assistant"}});
+    t.append_ok(&t.key_a, &run, json!([start, assistant_delta("Hi"), assistant_delta(" there")])).await;
+    let step = json!({"type": "step.boundary", "payload": {"step_index": 1, "step_kind": "text-only"}});
+    t.append_ok(&t.key_a, &run, json!([step])).await;
+    read_script(&mut steady, Some("STEP_FINISHED")).await;
+    read_script(&mut cut, Some("STEP_FINISHED")).await;
+    server.kill().await;
+    t.append_ok(&t.key_a, &run, json!([assistant_delta(", while")])).await;
+    server.restart().await;
+    // Its next runAgent() re-synchronises it while the run is still going.
+    read_script(&mut cut, Some("MESSAGES_SNAPSHOT")).await;
+    t.append_ok(&t.key_a, &run, json!([assistant_delta(" down.")])).await;
+    let end = json!({"type": "message.end", "payload": {"message_id": "a1", "stop_reason": "end_turn"}});
+    let done = json!({"type": "run.lifecycle", "payload": {"state": "done"}});
+    t.append_ok(&t.key_a, &run, json!([end, done])).await;
+    let (s, c) = (read_script(&mut steady, None).await, read_script(&mut cut, None).await);
+
+    let events = t.events(&t.key_a, &run).await;
+    let users =
+        events.iter().filter(|e| e["type"] == "message.start" && e["payload"]["role"] == "user").count();
+    assert_eq!(users, 1, "the user message is appended once");
+    assert_eq!(s["errors"], json!([]), "{s}");
+    assert_eq!(s["runs"], 1, "{s}");
+    assert_eq!(
+        s["messages"],
+        json!([
+            {"id": "u-1", "role": "user", "content": "hello"},
+            {"id": "a1", "role": "assistant", "content": "Hi there, while down."}
+        ]),
+        "{s}"
+    );
+    assert_eq!(s["state"]["lifecycle"], "done", "{s}");
+    assert_eq!(s["outcomes"], json!(["success"]), "{s}");
+    assert!(c["runs"].as_i64().unwrap_or(0) >= 2, "the cut agent ran again: {c}");
+    assert_eq!(
+        c["messages"], s["messages"],
+        "the re-run agent's messages equal the never-disconnected one's"
+    );
+    assert_eq!(c["state"], s["state"], "and its state");
+
+    eprintln!("the cut agent's errors: {}", c["errors"]);
+    let mut late = Script::spawn("agui.mjs", &["late", &server.base(), &t.key_a, &run, "too late"]);
+    let l = read_script(&mut late, None).await;
+    assert_eq!(l["runs"], 1, "{l}");
+    assert_eq!(l["state"], s["state"], "{l}");
+    assert_eq!(l["afterRun"], json!({"messages": 2}), "{l}");
+    assert!(l["refused"].as_str().unwrap_or_default().contains("409"), "{l}");
+    eprintln!("a new message after the end: {}", l["refused"]);
+    assert_eq!(t.events(&t.key_a, &run).await.len(), events.len(), "nothing written");
+    server.kill().await;
+}
+
+/// Plan approval through AG-UI's resume: the agent sees `awaiting_approval` and the plan
+/// in its state, and `runAgent({resume: [{interruptId: <plan id>, status: "resolved",
+/// payload: {approved: true}}]})` approves the plan.
+#[tokio::test]
+async fn an_ag_ui_resume_entry_approves_the_pending_plan() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    let plan = json!({"type": "plan.proposal", "payload": {"plan": {"id": "p1", "run_id": "r", "steps": [
+        {"id": "s1", "title": "Research", "intent": "research"}]}}});
+    t.append_ok(
+        &t.key_a,
+        &run,
+        json!([
+            {"type": "run.lifecycle", "payload": {"state": "planning"}},
+            plan,
+            {"type": "run.lifecycle", "payload": {"state": "awaiting_approval"}}
+        ]),
+    )
+    .await;
+    let mut agent =
+        Script::spawn("agui.mjs", &["send", &t.base, &t.key_a, &run, "go", "--resume-plan", "p1"]);
+    let mut state = Value::Null;
+    for _ in 0..200 {
+        state = t.get_json(&t.key_a, &format!("/v1/runs/{run}")).await["state"].clone();
+        if state == "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(state, "running", "the plan was approved");
+    let start = json!({"type": "message.start", "payload": {"message_id": "a1", "role": "assistant"}});
+    let end = json!({"type": "message.end", "payload": {"message_id": "a1", "text": "Done."}});
+    let done = json!({"type": "run.lifecycle", "payload": {"state": "done"}});
+    t.append_ok(&t.key_a, &run, json!([start, end, done])).await;
+    let f = read_script(&mut agent, None).await;
+    let view = t.get_json(&t.key_a, &format!("/v1/runs/{run}/view")).await;
+    assert_eq!(view["plan"]["decision"]["decision"], "approved", "{view}");
+    assert_eq!(f["state"]["plan"]["decision"]["decision"], "approved", "{f}");
+    let msgs = f["messages"].as_array().expect("messages");
+    assert_eq!(msgs.last().map(|m| m["content"].clone()), Some(json!("Done.")), "{f}");
+    assert_eq!(f["outcomes"].as_array().and_then(|o| o.last()).cloned(), Some(json!("success")), "{f}");
+}

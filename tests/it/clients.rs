@@ -456,3 +456,35 @@ async fn an_ag_ui_resume_entry_approves_the_pending_plan() {
     assert_eq!(msgs.last().map(|m| m["content"].clone()), Some(json!("Done.")), "{f}");
     assert_eq!(f["outcomes"].as_array().and_then(|o| o.last()).cloned(), Some(json!("success")), "{f}");
 }
+
+/// The README's round trip (tests/node/round_trip.mjs) runs as written: AG-UI's
+/// HttpAgent posts a user message, the runtime's filtered `runEvents` subscription sees
+/// it and answers by appending, and the agent ends with both messages.
+#[tokio::test]
+async fn the_readme_round_trip_runs() {
+    let t = TestApp::new().await;
+    let dir = node_dir();
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        Command::new(crate::live::node_bin(&dir))
+            .args(["round_trip.mjs", &t.base, &t.key_a])
+            .current_dir(&dir)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the example ends")
+    .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let mut lines = stdout.lines();
+    assert_eq!(lines.next(), Some("You said: hello"), "streamed to the frontend: {stdout}");
+    let messages: Value = serde_json::from_str(lines.next().unwrap_or_default()).expect("messages");
+    assert_eq!(
+        messages,
+        json!([
+            {"id": "q-1", "role": "user", "content": "hello"},
+            {"id": "re-q-1", "role": "assistant", "content": "You said: hello"}
+        ])
+    );
+}

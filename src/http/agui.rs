@@ -81,55 +81,57 @@ pub(crate) async fn run(
 ) -> super::error::ApiResult<Response> {
     let input: RunAgentInput = read_json(&headers, body, app.settings.max_body_bytes).await?;
     let run = app.run(&who, &input.thread_id).await?;
-    let mut users = vec![];
-    for m in input.messages.iter().filter(|m| m.role == "user") {
-        let text = text_of(&m.content);
-        if text.is_empty() {
-            return Err(Error::reject(
-                ErrorCode::InvalidPayload,
-                format!("user message `{}` has no text; only text is carried into the run", m.id),
-            )
-            .into());
+    let users: Vec<UserMessage> = input
+        .messages
+        .iter()
+        .filter(|m| m.role == "user")
+        .map(|m| UserMessage { id: m.id.clone(), text: text_of(&m.content) })
+        .collect();
+    if input.resume.len() > 1 {
+        return Err(Error::reject(
+            ErrorCode::InvalidPayload,
+            "`resume` holds at most one entry: the run's pending plan",
+        )
+        .into());
+    }
+    // Every part of the input is checked before anything is written.
+    let mut decisions = vec![];
+    if !input.resume.is_empty() {
+        let (_, view) = app.view(&who, &run.run_id).await?;
+        for r in &input.resume {
+            decisions.push(decision(&view, r)?);
         }
-        users.push(UserMessage { id: m.id.clone(), text });
     }
     append_user_messages(&app, &who, &run.run_id, &users).await?;
-    for r in &input.resume {
-        decide(&app, &who, &run.run_id, r).await?;
+    for d in decisions {
+        app.control(&who, &run.run_id, d).await?;
     }
     let run = app.run(&who, &run.run_id).await?;
     Ok(stream_from_now(&app, who, run, Format::Agui).await?)
 }
 
-/// Applies one `resume` entry: a decision on the run's pending plan.
-async fn decide(
-    app: &AppRef,
-    who: &crate::auth::Principal,
-    run_id: &str,
-    r: &ResumeEntry,
-) -> crate::error::Result<()> {
-    let (_, view) = app.view(who, run_id).await?;
+/// What one `resume` entry decides on the run's pending plan.
+fn decision(view: &crate::projection::RunView, r: &ResumeEntry) -> crate::error::Result<Control> {
     let pending = view.plan.as_ref().filter(|p| p.decision.is_none()).map(|p| p.id.as_str());
     if pending != Some(r.interrupt_id.as_str()) {
         return Err(Error::reject(
             ErrorCode::PlanNotPending,
-            format!("interrupt `{}` is not the run's pending plan", r.interrupt_id),
+            format!(
+                "interrupt `{}` is not the run's pending plan",
+                r.interrupt_id.chars().take(80).collect::<String>()
+            ),
         ));
     }
     let reason = r.payload["reason"].as_str().map(str::to_owned);
-    let action = match (r.status.as_str(), r.payload["approved"].as_bool()) {
-        ("resolved", Some(false)) | ("cancelled", _) => Control::RejectPlan(reason),
-        ("resolved", _) => Control::ApprovePlan(reason),
-        (other, _) => {
-            return Err(Error::reject(
-                ErrorCode::InvalidPayload,
-                format!(
-                    "resume status must be `resolved` or `cancelled`, not `{}`",
-                    other.chars().take(40).collect::<String>()
-                ),
-            ))
-        }
-    };
-    app.control(who, run_id, action).await?;
-    Ok(())
+    match (r.status.as_str(), r.payload["approved"].as_bool()) {
+        ("resolved", Some(false)) | ("cancelled", _) => Ok(Control::RejectPlan(reason)),
+        ("resolved", _) => Ok(Control::ApprovePlan(reason)),
+        (other, _) => Err(Error::reject(
+            ErrorCode::InvalidPayload,
+            format!(
+                "resume status must be `resolved` or `cancelled`, not `{}`",
+                other.chars().take(40).collect::<String>()
+            ),
+        )),
+    }
 }

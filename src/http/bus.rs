@@ -23,7 +23,7 @@ pub(super) struct UserMessage {
     pub text: String,
 }
 
-/// Appends the messages the run does not hold yet (by message id, in the run itself,
+/// Appends the messages the run does not hold yet (one without text is refused) (by message id, in the run itself,
 /// not a child), each as `message.start` (role user) and `message.end` with its text, in
 /// one batch. Keys `user:<id>:start` / `user:<id>:end` make a retry that races the
 /// first attempt write nothing.
@@ -39,6 +39,15 @@ pub(super) async fn append_user_messages(
     let (_, view) = app.view(who, run_id).await?;
     let mut events = vec![];
     for m in messages.iter().filter(|m| view.message(None, &m.id).is_none()) {
+        if m.text.is_empty() {
+            return Err(crate::error::Error::reject(
+                crate::error::ErrorCode::InvalidPayload,
+                format!(
+                    "user message `{}` has no text; only text is carried into the run",
+                    m.id.chars().take(80).collect::<String>()
+                ),
+            ));
+        }
         let start = serde_json::json!({"type": "message.start", "key": format!("user:{}:start", m.id),
             "payload": {"message_id": m.id, "role": "user"}});
         let end = serde_json::json!({"type": "message.end", "key": format!("user:{}:end", m.id),

@@ -23,7 +23,6 @@ use super::bus::{append_user_messages, stream_at, stream_from_now, UserMessage};
 use super::extract::{read_json, Caller};
 use crate::app::{check_cursor, AppRef};
 use crate::dialect::{Cursor, Format};
-use crate::error::{Error, ErrorCode};
 
 /// The body `DefaultChatTransport` posts (fields the caller adds through the transport's
 /// `body` option are ignored).
@@ -48,11 +47,11 @@ struct UiMessage {
 }
 
 /// The user message a `submit-message` request adds, if its last message is one.
-fn new_user_message(req: &ChatRequest) -> Result<Option<UserMessage>, Error> {
+fn new_user_message(req: &ChatRequest) -> Option<UserMessage> {
     if req.trigger.as_deref().unwrap_or("submit-message") != "submit-message" {
-        return Ok(None);
+        return None;
     }
-    let Some(last) = req.messages.last().filter(|m| m.role == "user") else { return Ok(None) };
+    let last = req.messages.last().filter(|m| m.role == "user")?;
     let text: String = last
         .parts
         .iter()
@@ -60,13 +59,7 @@ fn new_user_message(req: &ChatRequest) -> Result<Option<UserMessage>, Error> {
         .filter_map(|p| p["text"].as_str())
         .collect::<Vec<_>>()
         .join("\n");
-    if text.is_empty() {
-        return Err(Error::reject(
-            ErrorCode::InvalidPayload,
-            "the user message has no text part; only text parts are carried into the run",
-        ));
-    }
-    Ok(Some(UserMessage { id: last.id.clone(), text }))
+    Some(UserMessage { id: last.id.clone(), text })
 }
 
 /// `POST /v1/chat`
@@ -78,7 +71,7 @@ pub(crate) async fn send(
 ) -> super::error::ApiResult<Response> {
     let req: ChatRequest = read_json(&headers, body, app.settings.max_body_bytes).await?;
     let run = app.run(&who, &req.id).await?;
-    if let Some(m) = new_user_message(&req)? {
+    if let Some(m) = new_user_message(&req) {
         append_user_messages(&app, &who, &run.run_id, &[m]).await?;
     }
     let run = app.run(&who, &run.run_id).await?;

@@ -488,3 +488,87 @@ async fn the_readme_round_trip_runs() {
         ])
     );
 }
+
+/// Bad input to the standard clients' routes: a clear error with its stable code,
+/// nothing written, never a 5xx.
+#[tokio::test]
+async fn the_standard_client_routes_refuse_bad_input_and_write_nothing() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([running()])).await;
+    let other = t.create_run(&t.key_b).await;
+    let reader = t.key_for_a(&[agent_stream::auth::Scope::Read]).await.secret;
+    let user =
+        |id: &str, text: &str| json!({"id": id, "role": "user", "parts": [{"type": "text", "text": text}]});
+    let chat = |id: &str, m: Value| json!({"id": id, "messages": [m], "trigger": "submit-message"});
+    let agui = |id: &str, m: Value, resume: Value| {
+        json!({"threadId": id, "runId": "r", "messages": [m], "state": {}, "tools": [], "context": [],
+            "forwardedProps": {}, "resume": resume})
+    };
+    let cases: Vec<(&str, Option<&str>, Option<Value>, &str, u16, &str)> = vec![
+        ("/v1/chat", None, None, "not json", 400, "BODY-MALFORMED"),
+        ("/v1/chat", None, Some(json!({"messages": []})), "", 400, "BODY-MALFORMED"),
+        ("/v1/chat", None, Some(chat("nope", user("m1", "hi"))), "", 400, "PARAM-INVALID"),
+        ("/v1/chat", None, Some(chat(&other, user("m1", "hi"))), "", 404, "RUN-NOT-FOUND"),
+        ("/v1/chat", Some(""), Some(chat(&run, user("m1", "hi"))), "", 401, "AUTH-MISSING"),
+        ("/v1/chat", Some(&reader), Some(chat(&run, user("m1", "hi"))), "", 403, "AUTH-SCOPE"),
+        (
+            "/v1/chat",
+            None,
+            Some(chat(&run, json!({"id": "m1", "role": "user", "parts": [{"type": "file", "url": "x"}]}))),
+            "",
+            422,
+            "EVENT-INVALID-PAYLOAD",
+        ),
+        ("/v1/chat", None, Some(chat(&run, user(&"x".repeat(300), "hi"))), "", 422, "EVENT-INVALID-PAYLOAD"),
+        ("/v1/chat", None, Some(chat(&run, user("m1", "nul \u{0} here"))), "", 400, "TEXT-NUL"),
+        ("/v1/agui", None, None, "[1]", 400, "BODY-MALFORMED"),
+        ("/v1/agui", None, Some(agui("nope", user("m1", "hi"), json!([]))), "", 400, "PARAM-INVALID"),
+        ("/v1/agui", None, Some(agui(&other, user("m1", "hi"), json!([]))), "", 404, "RUN-NOT-FOUND"),
+        (
+            "/v1/agui",
+            None,
+            Some(agui(&run, json!({"id": "m1", "role": "user", "content": ""}), json!([]))),
+            "",
+            422,
+            "EVENT-INVALID-PAYLOAD",
+        ),
+        (
+            "/v1/agui",
+            None,
+            Some(agui(
+                &run,
+                json!({"id": "m1", "role": "user", "content": "hi"}),
+                json!([{"interruptId": "p9", "status": "resolved"}]),
+            )),
+            "",
+            409,
+            "PLAN-NOT-PENDING",
+        ),
+    ];
+    for (path, key, json_body, raw, status, code) in cases {
+        let mut req = t.http.post(format!("{}{path}", t.base));
+        match key {
+            Some("") => {}
+            Some(k) => req = req.bearer_auth(k),
+            None => req = req.bearer_auth(&t.key_a),
+        }
+        req = match json_body {
+            Some(b) => req.json(&b),
+            None => req.header("content-type", "application/json").body(raw.to_owned()),
+        };
+        let r = req.send().await.expect("send");
+        let got = r.status().as_u16();
+        let v: Value = r.json().await.unwrap_or(Value::Null);
+        assert_eq!((got, v["error"]["code"].as_str()), (status, Some(code)), "{path}: {v}");
+    }
+    assert_eq!(t.events(&t.key_a, &run).await.len(), 1, "nothing written");
+    let r = t
+        .http
+        .get(format!("{}/v1/chat/nope/stream", t.base))
+        .bearer_auth(&t.key_a)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), reqwest::StatusCode::BAD_REQUEST);
+}

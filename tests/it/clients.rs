@@ -489,6 +489,10 @@ async fn the_readme_round_trip_runs() {
     );
 }
 
+/// One bad request: path, key (`None`: tenant a's, `Some("")`: none), JSON body or raw
+/// body, and the status and code it must get.
+type Case<'a> = (&'a str, Option<&'a str>, Option<Value>, &'a str, u16, &'a str);
+
 /// Bad input to the standard clients' routes: a clear error with its stable code,
 /// nothing written, never a 5xx.
 #[tokio::test]
@@ -505,7 +509,7 @@ async fn the_standard_client_routes_refuse_bad_input_and_write_nothing() {
         json!({"threadId": id, "runId": "r", "messages": [m], "state": {}, "tools": [], "context": [],
             "forwardedProps": {}, "resume": resume})
     };
-    let cases: Vec<(&str, Option<&str>, Option<Value>, &str, u16, &str)> = vec![
+    let cases: Vec<Case> = vec![
         ("/v1/chat", None, None, "not json", 400, "BODY-MALFORMED"),
         ("/v1/chat", None, Some(json!({"messages": []})), "", 400, "BODY-MALFORMED"),
         ("/v1/chat", None, Some(chat("nope", user("m1", "hi"))), "", 400, "PARAM-INVALID"),

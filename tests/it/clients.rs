@@ -576,3 +576,33 @@ async fn the_standard_client_routes_refuse_bad_input_and_write_nothing() {
         .expect("send");
     assert_eq!(r.status(), reqwest::StatusCode::BAD_REQUEST);
 }
+
+/// A run that ends in `error` reaches each client as its protocol defines it: the AI
+/// SDK's chat gets the `error` chunk (`onError`, `onFinish` with `isError`) and the
+/// `data-lifecycle` part says `error`; AG-UI's agent gets one `RUN_ERROR` with the run's
+/// reason (its `runAgent` resolves: `@ag-ui/client` reports the error to subscribers).
+#[tokio::test]
+async fn a_failed_run_reaches_the_chat_and_the_agent_as_an_error() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([running()])).await;
+    let mut chat = Script::spawn("chat.mjs", &["send", &t.base, &t.key_a, &run, "hello"]);
+    read_script(&mut chat, Some("data-message")).await;
+    let mut agent = Script::spawn("agui.mjs", &["send", &t.base, &t.key_a, &run, "hello"]);
+    read_script(&mut agent, Some("MESSAGES_SNAPSHOT")).await;
+    let start = json!({"type": "message.start", "payload": {"message_id": "a1", "role": "assistant"}});
+    let failed =
+        json!({"type": "run.lifecycle", "payload": {"state": "error", "reason": "the model failed"}});
+    t.append_ok(&t.key_a, &run, json!([start, assistant_delta("Partial"), failed])).await;
+    let c = read_script(&mut chat, None).await;
+    let msgs = c["messages"].as_array().expect("messages");
+    assert_eq!(chat_text_and_state(&msgs[1]), ("Partial".to_owned(), json!("error")), "{c}");
+    assert!(c["errors"].to_string().contains("the model failed"), "onError got the reason: {c}");
+    assert_eq!(c["finishes"][0]["isError"], true, "{c}");
+    let a = read_script(&mut agent, None).await;
+    assert_eq!(a["runErrors"].as_array().map(Vec::len), Some(1), "one RUN_ERROR: {a}");
+    assert!(a["runErrors"][0]["message"].to_string().contains("the model failed"), "with the reason: {a}");
+    assert_eq!(a["outcomes"], json!([]), "no RUN_FINISHED: {a}");
+    assert_eq!(a["state"]["lifecycle"], "error", "{a}");
+    assert_eq!(a["messages"][1]["content"], "Partial", "{a}");
+}

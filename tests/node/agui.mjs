@@ -9,13 +9,15 @@
 //     a client that arrives after the run has ended: runAgent() with no new message,
 //     then addMessage + runAgent() (refused: the run has ended).
 // Prints `{"data": "<event type>"}` per event (CUSTOM: `CUSTOM:<name>`) as progress,
-// then `{"final": {...}}`: the agent's messages and state, the runs and their errors.
+// then `{"final": {...}}`: the agent's messages and state, the runs, their outcomes
+// (RUN_FINISHED) and RUN_ERRORs, and the errors runAgent threw.
 import { HttpAgent } from '@ag-ui/client';
 
 const [mode, base, key, run, text, flag, planId] = process.argv.slice(2);
 const agent = new HttpAgent({ url: `${base}/v1/agui`, headers: { Authorization: `Bearer ${key}` }, threadId: run });
 const errors = [];
 const outcomes = [];
+const runErrors = [];
 let awaiting = false;
 const subscriber = {
   onEvent: ({ event }) => {
@@ -25,6 +27,7 @@ const subscriber = {
     if (state?.lifecycle === "awaiting_approval") awaiting = true;
   },
   onRunFinishedEvent: ({ event }) => outcomes.push(event.outcome?.type ?? null),
+  onRunErrorEvent: ({ event }) => runErrors.push({ message: event.message, code: event.code ?? null }),
 };
 // @ag-ui/client leaves a rejection of the cut response body unhandled (a browser logs it);
 // Node would exit on it, so note it instead. runAgent() itself fails as well.
@@ -33,7 +36,7 @@ const timer = setTimeout(() => { console.error('timeout'); process.exit(2); }, 6
 // AG-UI's client logs a failed run with console.error; keep stdout for the test's lines.
 console.error = (...args) => errors.push(args.map(String).join(' ').slice(0, 300));
 const final = (extra = {}) => {
-  console.log(JSON.stringify({ final: { messages: agent.messages, state: agent.state, errors, outcomes, ...extra } }));
+  console.log(JSON.stringify({ final: { messages: agent.messages, state: agent.state, errors, outcomes, runErrors, ...extra } }));
   clearTimeout(timer);
 };
 
@@ -45,7 +48,10 @@ async function runUntilClean(params) {
       await agent.runAgent(params, subscriber);
       return runs;
     } catch (e) {
-      errors.push(String(e?.message ?? e).slice(0, 300));
+      const msg = String(e?.message ?? e);
+      errors.push(msg.slice(0, 300));
+      // Only a cut connection is worth another run; a run that failed (RUN_ERROR) is over.
+      if (!/terminated|fetch failed|other side closed|ECONNREFUSED/i.test(msg)) return runs;
       await new Promise((r) => setTimeout(r, 200));
     }
   }

@@ -1,5 +1,8 @@
 //! The HTTP transport: routes, middleware and the error mapping.
 
+mod agui;
+mod bus;
+mod chat;
 pub mod error;
 pub mod extract;
 mod health;
@@ -43,6 +46,9 @@ pub fn router(app: AppRef) -> Router {
         .route("/v1/events.jsonl", get(jsonl::export_all))
         .route("/v1/keys", get(keys::list).post(keys::create))
         .route("/v1/keys/{key_id}", axum::routing::delete(keys::revoke))
+        .route("/v1/agui", post(agui::run))
+        .route("/v1/chat", post(chat::send))
+        .route("/v1/chat/{run_id}/stream", get(chat::resume))
         .merge(crate::graphql::routes())
         .fallback(|| async { error::HttpError::from(Error::reject(ErrorCode::NotFound, "no such route; see the README for the API")) })
         .with_state(app)

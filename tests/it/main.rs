@@ -5,6 +5,7 @@ pub mod attack;
 mod auth;
 mod browser;
 mod citus;
+mod clients;
 mod common;
 mod containers;
 mod embedded;

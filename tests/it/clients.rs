@@ -1,0 +1,608 @@
+//! Standard clients, unmodified but for their URL and headers, against a real
+//! `agent-stream serve` process: live, across a SIGKILL and restart of the service, and
+//! after the run has ended. Each must get every event exactly once and end with the
+//! state of a client that never disconnected.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+
+use crate::common::TestApp;
+
+/// A server process on the test's schema that can be killed and started again on the
+/// same port (clients reconnect to the URL they were given).
+struct Server {
+    child: Option<Child>,
+    port: u16,
+    schema: String,
+    url: String,
+}
+
+impl Server {
+    async fn start(t: &TestApp) -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("port");
+        let mut s = Server { child: None, port, schema: t.db.schema.clone(), url: t.db.url.clone() };
+        s.restart().await;
+        s
+    }
+
+    fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the process (again) and waits until it answers.
+    async fn restart(&mut self) {
+        for _ in 0..5 {
+            let child = Command::new(env!("CARGO_BIN_EXE_agent-stream"))
+                .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port), "--schema", &self.schema])
+                .args(["--retention-interval", "0"])
+                .env("DATABASE_URL", &self.url)
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn agent-stream");
+            self.child = Some(child);
+            for _ in 0..200 {
+                if reqwest::get(format!("{}/healthz", self.base())).await.is_ok() {
+                    return;
+                }
+                if let Some(Ok(Some(_))) = self.child.as_mut().map(Child::try_wait) {
+                    break; // it exited (the port not free yet): try again
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("server did not start");
+    }
+
+    /// SIGKILL: no shutdown, no close frames; sockets are reset by the kernel.
+    async fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(c.id().expect("pid") as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("kill");
+            let _ = c.wait().await;
+        }
+    }
+}
+
+fn node_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node");
+    crate::live::npm_ci(&dir);
+    dir
+}
+
+/// A Node script's output, line by line.
+struct Script {
+    _child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Script {
+    fn spawn(script: &str, args: &[&str]) -> Script {
+        let dir = node_dir();
+        let mut child = Command::new(crate::live::node_bin(&dir))
+            .arg(dir.join(script))
+            .args(args)
+            .current_dir(&dir)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("node is needed for the Node client tests");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        Script { _child: child, lines }
+    }
+
+    async fn line(&mut self) -> Option<String> {
+        tokio::time::timeout(Duration::from_secs(30), self.lines.next_line())
+            .await
+            .expect("node output within 30 s")
+            .expect("read")
+    }
+}
+
+fn delta(text: &str) -> Value {
+    json!({"type": "text.delta", "payload": {"text": text}})
+}
+
+/// What a graphql-ws script received: the events (as JSON) and how many times it connected.
+#[derive(Default)]
+struct Received {
+    events: Vec<Value>,
+    connections: i64,
+    complete: bool,
+}
+
+impl Received {
+    fn seqs(&self) -> Vec<i64> {
+        self.events.iter().map(|e| e["seq"].as_i64().unwrap_or(-1)).collect()
+    }
+
+    /// Reads lines until the event with `seq` (or the completion when `None`).
+    async fn read_until(&mut self, s: &mut Script, seq: Option<i64>) {
+        while let Some(l) = s.line().await {
+            if l == "complete" {
+                self.complete = true;
+                return;
+            }
+            let v: Value = serde_json::from_str(&l).unwrap_or_else(|_| panic!("not JSON: {l}"));
+            if let Some(n) = v["connected"].as_i64() {
+                self.connections = n;
+                continue;
+            }
+            let got = v["seq"].as_i64();
+            self.events.push(v);
+            if seq.is_some() && got >= seq {
+                return;
+            }
+        }
+        panic!("the script ended early after {:?}", self.seqs());
+    }
+}
+
+/// `graphql-ws`'s own reconnect, across a SIGKILL and restart of the service, with the
+/// subscription's `variables.afterSeq` following the last seq seen (README: GraphQL,
+/// "Reconnecting"): every event exactly once, the same events as a client that never
+/// disconnected; and a client that keeps its first `afterSeq` gets duplicates, which is
+/// why the README says to follow the seq.
+#[tokio::test]
+async fn graphql_ws_reconnects_across_a_service_restart_without_duplicates() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(
+        &t.key_a,
+        &run,
+        json!([{"type": "run.lifecycle", "payload": {"state": "running"}}, delta("a")]),
+    )
+    .await;
+    let mut server = Server::start(&t).await;
+    let base = server.base();
+    let mut following = Script::spawn("graphql_ws_resume.mjs", &[&base, &t.key_a, &run]);
+    let mut naive = Script::spawn("graphql_ws_resume.mjs", &[&base, &t.key_a, &run, "--static"]);
+    // The never-disconnected client, on the in-process server that is never killed.
+    let mut steady = Script::spawn("graphql_ws_resume.mjs", &[&t.base, &t.key_a, &run]);
+    let (mut f, mut n, mut s) = (Received::default(), Received::default(), Received::default());
+    f.read_until(&mut following, Some(2)).await;
+    n.read_until(&mut naive, Some(2)).await;
+    // Live, then killed mid-run; events written while the service is down and after.
+    for i in 0..5 {
+        t.append_ok(&t.key_a, &run, json!([delta(&format!("live {i}"))])).await;
+    }
+    f.read_until(&mut following, Some(7)).await;
+    n.read_until(&mut naive, Some(7)).await;
+    server.kill().await;
+    for i in 0..5 {
+        t.append_ok(&t.key_a, &run, json!([delta(&format!("while down {i}"))])).await;
+    }
+    server.restart().await;
+    for i in 0..5 {
+        t.append_ok(&t.key_a, &run, json!([delta(&format!("after {i}"))])).await;
+    }
+    let (_, last) =
+        t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "done"}}])).await;
+    f.read_until(&mut following, None).await;
+    n.read_until(&mut naive, None).await;
+    s.read_until(&mut steady, None).await;
+
+    let all: Vec<i64> = (1..=last).collect();
+    assert_eq!(s.seqs(), all, "the never-disconnected client");
+    assert_eq!(f.connections, 2, "it reconnected once, by itself");
+    assert_eq!(f.seqs(), all, "every event exactly once after the reconnect");
+    assert_eq!(f.events, s.events, "the same events as the never-disconnected client");
+    assert!(f.complete && s.complete);
+    // Without following the seq, the re-subscription starts over: seqs 1..7 twice.
+    let mut twice: Vec<i64> = (1..=7).collect();
+    twice.extend(1..=last);
+    assert_eq!(n.seqs(), twice, "a static afterSeq repeats what the client had");
+
+    // After the run has ended: a new client gets the whole run, then the completion.
+    let mut after = Script::spawn("graphql_ws_resume.mjs", &[&server.base(), &t.key_a, &run]);
+    let mut a = Received::default();
+    a.read_until(&mut after, None).await;
+    assert_eq!(a.events, s.events);
+    assert!(a.complete);
+    server.kill().await;
+}
+
+/// Reads a chat.mjs / agui.mjs script's lines until a `{"data": kind}` line (`Some`) or
+/// its final line (`None`, returned).
+async fn read_script(s: &mut Script, kind: Option<&str>) -> Value {
+    while let Some(l) = s.line().await {
+        let v: Value = serde_json::from_str(&l).unwrap_or_else(|_| panic!("not JSON: {l}"));
+        if let Some(f) = v.get("final") {
+            assert!(kind.is_none(), "ended before {kind:?}: {f}");
+            return f.clone();
+        }
+        if kind.is_some() && v["data"].as_str() == kind {
+            return v;
+        }
+    }
+    panic!("the script ended without its final line");
+}
+
+fn running() -> Value {
+    json!({"type": "run.lifecycle", "payload": {"state": "running"}})
+}
+
+fn assistant_delta(text: &str) -> Value {
+    json!({"type": "text.delta", "payload": {"text": text, "message_id": "a1"}})
+}
+
+/// The text of an AI SDK message's text parts, and its `data-lifecycle` state.
+fn chat_text_and_state(m: &Value) -> (String, Value) {
+    let parts = m["parts"].as_array().cloned().unwrap_or_default();
+    let text = parts.iter().filter(|p| p["type"] == "text").filter_map(|p| p["text"].as_str()).collect();
+    let state = parts
+        .iter()
+        .find(|p| p["type"] == "data-lifecycle")
+        .map(|p| p["data"]["state"].clone())
+        .unwrap_or(Value::Null);
+    (text, state)
+}
+
+/// The AI SDK's chat with `DefaultChatTransport({api: "<base>/v1/chat", headers})`:
+/// `sendMessage` appends the user message once (two clients post the same message id)
+/// and streams the run live; a SIGKILL and restart of the service cuts one client's
+/// stream, and its `resumeStream()` ends with exactly the messages of the client that
+/// never disconnected; a client that arrives after the end gets `204` from
+/// `resumeStream` and `RUN-CLOSED` from `sendMessage`.
+#[tokio::test]
+async fn the_ai_sdk_chat_transport_posts_and_resumes_across_a_service_restart() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([running()])).await;
+    let mut server = Server::start(&t).await;
+    let mut steady = Script::spawn("chat.mjs", &["send", &t.base, &t.key_a, &run, "hello"]);
+    read_script(&mut steady, Some("data-message")).await;
+    let mut cut = Script::spawn("chat.mjs", &["send", &server.base(), &t.key_a, &run, "hello"]);
+    read_script(&mut cut, Some("data-message")).await;
+    // The runtime answers by appending.
+    let start = json!({"type": "message.start", "payload": {"message_id": "a1", "role": "assistant"}});
+    t.append_ok(&t.key_a, &run, json!([start, assistant_delta("Hi"), assistant_delta(" there")])).await;
+    let step = json!({"type": "step.boundary", "payload": {"step_index": 1, "step_kind": "text-only"}});
+    t.append_ok(&t.key_a, &run, json!([step])).await;
+    read_script(&mut steady, Some("data-step")).await;
+    read_script(&mut cut, Some("data-step")).await;
+    server.kill().await;
+    t.append_ok(&t.key_a, &run, json!([assistant_delta(", while")])).await;
+    server.restart().await;
+    // Its resumeStream() re-synchronises it (the replay's lifecycle part arrives again)
+    // while the run is still going; one that came back after the end would get 204.
+    read_script(&mut cut, Some("data-lifecycle")).await;
+    t.append_ok(&t.key_a, &run, json!([assistant_delta(" down.")])).await;
+    let end = json!({"type": "message.end", "payload": {"message_id": "a1", "stop_reason": "end_turn"}});
+    let done = json!({"type": "run.lifecycle", "payload": {"state": "done"}});
+    t.append_ok(&t.key_a, &run, json!([end, done])).await;
+    let (s, c) = (read_script(&mut steady, None).await, read_script(&mut cut, None).await);
+
+    // One user message in the run, whoever posted it.
+    let events = t.events(&t.key_a, &run).await;
+    let users: Vec<&Value> =
+        events.iter().filter(|e| e["type"] == "message.start" && e["payload"]["role"] == "user").collect();
+    assert_eq!(users.len(), 1, "the user message is appended once");
+    assert_eq!(users[0]["payload"]["message_id"], "u-1");
+
+    assert_eq!(s["status"], "ready", "{s}");
+    assert_eq!(s["errors"], json!([]), "{s}");
+    let msgs = s["messages"].as_array().expect("messages");
+    assert_eq!(msgs.len(), 2, "{s}");
+    assert_eq!((&msgs[0]["role"], &msgs[0]["id"]), (&json!("user"), &json!("u-1")));
+    assert_eq!((&msgs[1]["role"], &msgs[1]["id"]), (&json!("assistant"), &json!(run)));
+    assert_eq!(chat_text_and_state(&msgs[1]), ("Hi there, while down.".to_owned(), json!("done")));
+    assert_eq!(
+        s["finishes"],
+        json!([{"isAbort": false, "isDisconnect": false, "isError": false, "finishReason": "stop"}])
+    );
+    // The cut client: an error when the service died, then resumeStream to the end.
+    assert!(c["resumes"].as_i64().unwrap_or(0) >= 1, "{c}");
+    assert_eq!(c["status"], "ready", "{c}");
+    assert_eq!(c["messages"], s["messages"], "the resumed chat equals the never-disconnected one");
+
+    // After the end: resumeStream gets 204 (the chat stays ready and empty), and a new
+    // message is refused with RUN-CLOSED.
+    let mut late = Script::spawn("chat.mjs", &["late", &server.base(), &t.key_a, &run, "too late"]);
+    let l = read_script(&mut late, None).await;
+    assert_eq!(l["afterResume"], json!({"status": "ready", "messages": 0}), "{l}");
+    assert_eq!(l["status"], "error", "{l}");
+    assert!(l["error"].as_str().unwrap_or_default().contains("RUN-CLOSED"), "{l}");
+    assert_eq!(t.events(&t.key_a, &run).await.len(), events.len(), "nothing written");
+    let r = t
+        .http
+        .get(format!("{}/v1/chat/{run}/stream", server.base()))
+        .bearer_auth(&t.key_a)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), reqwest::StatusCode::NO_CONTENT);
+    server.kill().await;
+}
+
+/// An aborted run reaches the chat as the SDK defines it: the stream ends with its
+/// `abort` chunk, the message's `data-lifecycle` part says `aborted`, and `onFinish` is
+/// called once (its `isAbort` is the client's own `stop()`, so it stays false).
+#[tokio::test]
+async fn the_ai_sdk_chat_sees_an_aborted_run_end() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([running()])).await;
+    let mut chat = Script::spawn("chat.mjs", &["send", &t.base, &t.key_a, &run, "hello"]);
+    read_script(&mut chat, Some("data-message")).await;
+    let start = json!({"type": "message.start", "payload": {"message_id": "a1", "role": "assistant"}});
+    let aborted = json!({"type": "run.lifecycle", "payload": {"state": "aborted", "reason": "user"}});
+    t.append_ok(&t.key_a, &run, json!([start, assistant_delta("Partial"), aborted])).await;
+    let f = read_script(&mut chat, None).await;
+    assert_eq!(f["status"], "ready", "{f}");
+    let msgs = f["messages"].as_array().expect("messages");
+    assert_eq!(chat_text_and_state(&msgs[1]), ("Partial".to_owned(), json!("aborted")), "{f}");
+    assert_eq!(f["finishes"].as_array().map(Vec::len), Some(1), "{f}");
+    assert_eq!(f["finishes"][0]["isError"], false, "{f}");
+    eprintln!("aborted run: {}", f["finishes"]);
+}
+
+/// AG-UI's `HttpAgent` pointed at `POST /v1/agui` (url and headers only, threadId = the
+/// run): the user message is appended once (two agents post it), the run streams live;
+/// a SIGKILL and restart of the service cuts one agent's run, which runs again and ends
+/// with exactly the messages and state of the agent that never disconnected; an agent
+/// that arrives after the end gets the whole run, and a new message is refused.
+#[tokio::test]
+async fn the_ag_ui_http_agent_posts_and_reruns_across_a_service_restart() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([running()])).await;
+    let mut server = Server::start(&t).await;
+    let mut steady = Script::spawn("agui.mjs", &["send", &t.base, &t.key_a, &run, "hello"]);
+    read_script(&mut steady, Some("MESSAGES_SNAPSHOT")).await;
+    let mut cut = Script::spawn("agui.mjs", &["send", &server.base(), &t.key_a, &run, "hello"]);
+    read_script(&mut cut, Some("MESSAGES_SNAPSHOT")).await;
+    let start = json!({"type": "message.start", "payload": {"message_id": "a1", "role": "assistant"}});
+    t.append_ok(&t.key_a, &run, json!([start, assistant_delta("Hi"), assistant_delta(" there")])).await;
+    let step = json!({"type": "step.boundary", "payload": {"step_index": 1, "step_kind": "text-only"}});
+    t.append_ok(&t.key_a, &run, json!([step])).await;
+    read_script(&mut steady, Some("STEP_FINISHED")).await;
+    read_script(&mut cut, Some("STEP_FINISHED")).await;
+    server.kill().await;
+    t.append_ok(&t.key_a, &run, json!([assistant_delta(", while")])).await;
+    server.restart().await;
+    // Its next runAgent() re-synchronises it while the run is still going.
+    read_script(&mut cut, Some("MESSAGES_SNAPSHOT")).await;
+    t.append_ok(&t.key_a, &run, json!([assistant_delta(" down.")])).await;
+    let end = json!({"type": "message.end", "payload": {"message_id": "a1", "stop_reason": "end_turn"}});
+    let done = json!({"type": "run.lifecycle", "payload": {"state": "done"}});
+    t.append_ok(&t.key_a, &run, json!([end, done])).await;
+    let (s, c) = (read_script(&mut steady, None).await, read_script(&mut cut, None).await);
+
+    let events = t.events(&t.key_a, &run).await;
+    let users =
+        events.iter().filter(|e| e["type"] == "message.start" && e["payload"]["role"] == "user").count();
+    assert_eq!(users, 1, "the user message is appended once");
+    assert_eq!(s["errors"], json!([]), "{s}");
+    assert_eq!(s["runs"], 1, "{s}");
+    assert_eq!(
+        s["messages"],
+        json!([
+            {"id": "u-1", "role": "user", "content": "hello"},
+            {"id": "a1", "role": "assistant", "content": "Hi there, while down."}
+        ]),
+        "{s}"
+    );
+    assert_eq!(s["state"]["lifecycle"], "done", "{s}");
+    assert_eq!(s["outcomes"], json!(["success"]), "{s}");
+    assert!(c["runs"].as_i64().unwrap_or(0) >= 2, "the cut agent ran again: {c}");
+    assert_eq!(
+        c["messages"], s["messages"],
+        "the re-run agent's messages equal the never-disconnected one's"
+    );
+    assert_eq!(c["state"], s["state"], "and its state");
+
+    eprintln!("the cut agent's errors: {}", c["errors"]);
+    let mut late = Script::spawn("agui.mjs", &["late", &server.base(), &t.key_a, &run, "too late"]);
+    let l = read_script(&mut late, None).await;
+    assert_eq!(l["runs"], 1, "{l}");
+    assert_eq!(l["state"], s["state"], "{l}");
+    assert_eq!(l["afterRun"], json!({"messages": 2}), "{l}");
+    assert!(l["refused"].as_str().unwrap_or_default().contains("409"), "{l}");
+    eprintln!("a new message after the end: {}", l["refused"]);
+    assert_eq!(t.events(&t.key_a, &run).await.len(), events.len(), "nothing written");
+    server.kill().await;
+}
+
+/// Plan approval through AG-UI's resume: the agent sees `awaiting_approval` and the plan
+/// in its state, and `runAgent({resume: [{interruptId: <plan id>, status: "resolved",
+/// payload: {approved: true}}]})` approves the plan.
+#[tokio::test]
+async fn an_ag_ui_resume_entry_approves_the_pending_plan() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    let plan = json!({"type": "plan.proposal", "payload": {"plan": {"id": "p1", "run_id": "r", "steps": [
+        {"id": "s1", "title": "Research", "intent": "research"}]}}});
+    t.append_ok(
+        &t.key_a,
+        &run,
+        json!([
+            {"type": "run.lifecycle", "payload": {"state": "planning"}},
+            plan,
+            {"type": "run.lifecycle", "payload": {"state": "awaiting_approval"}}
+        ]),
+    )
+    .await;
+    let mut agent =
+        Script::spawn("agui.mjs", &["send", &t.base, &t.key_a, &run, "go", "--resume-plan", "p1"]);
+    let mut state = Value::Null;
+    for _ in 0..200 {
+        state = t.get_json(&t.key_a, &format!("/v1/runs/{run}")).await["state"].clone();
+        if state == "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(state, "running", "the plan was approved");
+    let start = json!({"type": "message.start", "payload": {"message_id": "a1", "role": "assistant"}});
+    let end = json!({"type": "message.end", "payload": {"message_id": "a1", "text": "Done."}});
+    let done = json!({"type": "run.lifecycle", "payload": {"state": "done"}});
+    t.append_ok(&t.key_a, &run, json!([start, end, done])).await;
+    let f = read_script(&mut agent, None).await;
+    let view = t.get_json(&t.key_a, &format!("/v1/runs/{run}/view")).await;
+    assert_eq!(view["plan"]["decision"]["decision"], "approved", "{view}");
+    assert_eq!(f["state"]["plan"]["decision"]["decision"], "approved", "{f}");
+    let msgs = f["messages"].as_array().expect("messages");
+    assert_eq!(msgs.last().map(|m| m["content"].clone()), Some(json!("Done.")), "{f}");
+    assert_eq!(f["outcomes"].as_array().and_then(|o| o.last()).cloned(), Some(json!("success")), "{f}");
+}
+
+/// The README's round trip (tests/node/round_trip.mjs) runs as written: AG-UI's
+/// HttpAgent posts a user message, the runtime's filtered `runEvents` subscription sees
+/// it and answers by appending, and the agent ends with both messages.
+#[tokio::test]
+async fn the_readme_round_trip_runs() {
+    let t = TestApp::new().await;
+    let dir = node_dir();
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        Command::new(crate::live::node_bin(&dir))
+            .args(["round_trip.mjs", &t.base, &t.key_a])
+            .current_dir(&dir)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the example ends")
+    .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let mut lines = stdout.lines();
+    assert_eq!(lines.next(), Some("You said: hello"), "streamed to the frontend: {stdout}");
+    let messages: Value = serde_json::from_str(lines.next().unwrap_or_default()).expect("messages");
+    assert_eq!(
+        messages,
+        json!([
+            {"id": "q-1", "role": "user", "content": "hello"},
+            {"id": "re-q-1", "role": "assistant", "content": "You said: hello"}
+        ])
+    );
+}
+
+/// One bad request: path, key (`None`: tenant a's, `Some("")`: none), JSON body or raw
+/// body, and the status and code it must get.
+type Case<'a> = (&'a str, Option<&'a str>, Option<Value>, &'a str, u16, &'a str);
+
+/// Bad input to the standard clients' routes: a clear error with its stable code,
+/// nothing written, never a 5xx.
+#[tokio::test]
+async fn the_standard_client_routes_refuse_bad_input_and_write_nothing() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([running()])).await;
+    let other = t.create_run(&t.key_b).await;
+    let reader = t.key_for_a(&[agent_stream::auth::Scope::Read]).await.secret;
+    let user =
+        |id: &str, text: &str| json!({"id": id, "role": "user", "parts": [{"type": "text", "text": text}]});
+    let chat = |id: &str, m: Value| json!({"id": id, "messages": [m], "trigger": "submit-message"});
+    let agui = |id: &str, m: Value, resume: Value| {
+        json!({"threadId": id, "runId": "r", "messages": [m], "state": {}, "tools": [], "context": [],
+            "forwardedProps": {}, "resume": resume})
+    };
+    let cases: Vec<Case> = vec![
+        ("/v1/chat", None, None, "not json", 400, "BODY-MALFORMED"),
+        ("/v1/chat", None, Some(json!({"messages": []})), "", 400, "BODY-MALFORMED"),
+        ("/v1/chat", None, Some(chat("nope", user("m1", "hi"))), "", 400, "PARAM-INVALID"),
+        ("/v1/chat", None, Some(chat(&other, user("m1", "hi"))), "", 404, "RUN-NOT-FOUND"),
+        ("/v1/chat", Some(""), Some(chat(&run, user("m1", "hi"))), "", 401, "AUTH-MISSING"),
+        ("/v1/chat", Some(&reader), Some(chat(&run, user("m1", "hi"))), "", 403, "AUTH-SCOPE"),
+        (
+            "/v1/chat",
+            None,
+            Some(chat(&run, json!({"id": "m1", "role": "user", "parts": [{"type": "file", "url": "x"}]}))),
+            "",
+            422,
+            "EVENT-INVALID-PAYLOAD",
+        ),
+        ("/v1/chat", None, Some(chat(&run, user(&"x".repeat(300), "hi"))), "", 422, "EVENT-INVALID-PAYLOAD"),
+        ("/v1/chat", None, Some(chat(&run, user("m1", "nul \u{0} here"))), "", 400, "TEXT-NUL"),
+        ("/v1/agui", None, None, "[1]", 400, "BODY-MALFORMED"),
+        ("/v1/agui", None, Some(agui("nope", user("m1", "hi"), json!([]))), "", 400, "PARAM-INVALID"),
+        ("/v1/agui", None, Some(agui(&other, user("m1", "hi"), json!([]))), "", 404, "RUN-NOT-FOUND"),
+        (
+            "/v1/agui",
+            None,
+            Some(agui(&run, json!({"id": "m1", "role": "user", "content": ""}), json!([]))),
+            "",
+            422,
+            "EVENT-INVALID-PAYLOAD",
+        ),
+        (
+            "/v1/agui",
+            None,
+            Some(agui(
+                &run,
+                json!({"id": "m1", "role": "user", "content": "hi"}),
+                json!([{"interruptId": "p9", "status": "resolved"}]),
+            )),
+            "",
+            409,
+            "PLAN-NOT-PENDING",
+        ),
+    ];
+    for (path, key, json_body, raw, status, code) in cases {
+        let mut req = t.http.post(format!("{}{path}", t.base));
+        match key {
+            Some("") => {}
+            Some(k) => req = req.bearer_auth(k),
+            None => req = req.bearer_auth(&t.key_a),
+        }
+        req = match json_body {
+            Some(b) => req.json(&b),
+            None => req.header("content-type", "application/json").body(raw.to_owned()),
+        };
+        let r = req.send().await.expect("send");
+        let got = r.status().as_u16();
+        let v: Value = r.json().await.unwrap_or(Value::Null);
+        assert_eq!((got, v["error"]["code"].as_str()), (status, Some(code)), "{path}: {v}");
+    }
+    assert_eq!(t.events(&t.key_a, &run).await.len(), 1, "nothing written");
+    let r = t
+        .http
+        .get(format!("{}/v1/chat/nope/stream", t.base))
+        .bearer_auth(&t.key_a)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), reqwest::StatusCode::BAD_REQUEST);
+}
+
+/// A run that ends in `error` reaches each client as its protocol defines it: the AI
+/// SDK's chat gets the `error` chunk (`onError`, `onFinish` with `isError`) and the
+/// `data-lifecycle` part says `error`; AG-UI's agent gets one `RUN_ERROR` with the run's
+/// reason (its `runAgent` resolves: `@ag-ui/client` reports the error to subscribers).
+#[tokio::test]
+async fn a_failed_run_reaches_the_chat_and_the_agent_as_an_error() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([running()])).await;
+    let mut chat = Script::spawn("chat.mjs", &["send", &t.base, &t.key_a, &run, "hello"]);
+    read_script(&mut chat, Some("data-message")).await;
+    let mut agent = Script::spawn("agui.mjs", &["send", &t.base, &t.key_a, &run, "hello"]);
+    read_script(&mut agent, Some("MESSAGES_SNAPSHOT")).await;
+    let start = json!({"type": "message.start", "payload": {"message_id": "a1", "role": "assistant"}});
+    let failed =
+        json!({"type": "run.lifecycle", "payload": {"state": "error", "reason": "the model failed"}});
+    t.append_ok(&t.key_a, &run, json!([start, assistant_delta("Partial"), failed])).await;
+    let c = read_script(&mut chat, None).await;
+    let msgs = c["messages"].as_array().expect("messages");
+    assert_eq!(chat_text_and_state(&msgs[1]), ("Partial".to_owned(), json!("error")), "{c}");
+    assert!(c["errors"].to_string().contains("the model failed"), "onError got the reason: {c}");
+    assert_eq!(c["finishes"][0]["isError"], true, "{c}");
+    let a = read_script(&mut agent, None).await;
+    assert_eq!(a["runErrors"].as_array().map(Vec::len), Some(1), "one RUN_ERROR: {a}");
+    assert!(a["runErrors"][0]["message"].to_string().contains("the model failed"), "with the reason: {a}");
+    assert_eq!(a["outcomes"], json!([]), "no RUN_FINISHED: {a}");
+    assert_eq!(a["state"]["lifecycle"], "error", "{a}");
+    assert_eq!(a["messages"][1]["content"], "Partial", "{a}");
+}

@@ -3,6 +3,7 @@
 mod agui;
 mod bus;
 mod chat;
+mod durable;
 pub mod error;
 pub mod extract;
 mod health;
@@ -47,6 +48,7 @@ pub fn router(app: AppRef) -> Router {
         .route("/v1/keys", get(keys::list).post(keys::create))
         .route("/v1/keys/{key_id}", axum::routing::delete(keys::revoke))
         .route("/v1/agui", post(agui::run))
+        .route("/v1/durable/runs/{run_id}", get(durable::read))
         .route("/v1/chat", post(chat::send))
         .route("/v1/chat/{run_id}/stream", get(chat::resume))
         .merge(crate::graphql::routes())

@@ -64,6 +64,15 @@ impl Server {
         panic!("server did not start");
     }
 
+    /// SIGTERM: the service drains and ends its streams cleanly, then exits.
+    async fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(c.id().expect("pid") as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("term");
+            let _ = tokio::time::timeout(Duration::from_secs(30), c.wait()).await;
+        }
+    }
+
     /// SIGKILL: no shutdown, no close frames; sockets are reset by the kernel.
     async fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -605,4 +614,158 @@ async fn a_failed_run_reaches_the_chat_and_the_agent_as_an_error() {
     assert_eq!(a["outcomes"], json!([]), "no RUN_FINISHED: {a}");
     assert_eq!(a["state"]["lifecycle"], "error", "{a}");
     assert_eq!(a["messages"][1]["content"], "Partial", "{a}");
+}
+
+/// Reads a durable.mjs script's events until its end line.
+async fn read_durable(s: &mut Script, until_seq: Option<i64>) -> (Vec<Value>, Value) {
+    let mut events = vec![];
+    while let Some(l) = s.line().await {
+        let v: Value = serde_json::from_str(&l).unwrap_or_else(|_| panic!("not JSON: {l}"));
+        if let Some(end) = v.get("end") {
+            return (events, end.clone());
+        }
+        let seq = v["seq"].as_i64();
+        events.push(v);
+        if until_seq.is_some() && seq >= until_seq {
+            return (events, Value::Null);
+        }
+    }
+    panic!("the script ended without its end line after {events:?}");
+}
+
+fn seqs_of(events: &[Value]) -> Vec<i64> {
+    events.iter().map(|e| e["seq"].as_i64().unwrap_or(-1)).collect()
+}
+
+/// `@durable-streams/client`'s `stream()` on `/v1/durable/runs/{id}`, as it is:
+/// - `live: "sse"` across a graceful restart of the service (SIGTERM ends the stream
+///   cleanly; the client reconnects from its offset), every event exactly once;
+/// - `live: "long-poll"` across a SIGKILL and restart, every event exactly once, closed
+///   after the run's end (the client 0.2.7 in SSE mode does not survive a connection cut
+///   mid-body: undici's `terminated` escapes it and it stops, so a SIGKILL is tested
+///   with long-poll);
+/// - after the end: catch-up reads the whole run and closes, and an SSE reader resumed
+///   from a saved offset gets exactly the rest.
+#[tokio::test]
+async fn the_durable_streams_client_reads_tails_and_resumes_a_run() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([running(), delta("a"), delta("b")])).await;
+    let mut server = Server::start(&t).await;
+    let base = server.base();
+    let mut sse = Script::spawn("durable.mjs", &[&base, &t.key_a, &run, "sse"]);
+    let mut poll = Script::spawn("durable.mjs", &[&base, &t.key_a, &run, "long-poll"]);
+    let (mut s, _) = read_durable(&mut sse, Some(3)).await;
+    let (mut p, _) = read_durable(&mut poll, Some(3)).await;
+    for i in 0..3 {
+        t.append_ok(&t.key_a, &run, json!([delta(&format!("live {i}"))])).await;
+    }
+    s.extend(read_durable(&mut sse, Some(6)).await.0);
+    p.extend(read_durable(&mut poll, Some(6)).await.0);
+    // A graceful restart: SIGTERM, events while down, a new process.
+    server.stop().await;
+    t.append_ok(&t.key_a, &run, json!([delta("while stopped")])).await;
+    server.restart().await;
+    t.append_ok(&t.key_a, &run, json!([delta("after the restart")])).await;
+    s.extend(read_durable(&mut sse, Some(8)).await.0);
+    assert_eq!(seqs_of(&s), (1..=8).collect::<Vec<_>>(), "sse: every event exactly once");
+    drop(sse);
+    // The offset a reader would have saved after the batch that held seq 4.
+    let saved = p.iter().find(|e| e["seq"] == 4).map(|e| e["offset"].as_str().unwrap_or_default().to_owned());
+    // A crash: SIGKILL, events while down, a new process, the run's end.
+    server.kill().await;
+    for i in 0..3 {
+        t.append_ok(&t.key_a, &run, json!([delta(&format!("while down {i}"))])).await;
+    }
+    server.restart().await;
+    t.append_ok(
+        &t.key_a,
+        &run,
+        json!([delta("after"), {"type": "run.lifecycle", "payload": {"state": "done"}}]),
+    )
+    .await;
+    let (rest, p_end) = read_durable(&mut poll, None).await;
+    p.extend(rest);
+    let stored = t.events(&t.key_a, &run).await;
+    let all: Vec<i64> = (1..=stored.len() as i64).collect();
+    assert_eq!(seqs_of(&p), all, "long-poll: every event exactly once ({p_end})");
+    for (got, want) in p.iter().zip(&stored) {
+        assert_eq!((&got["type"], &got["payload"]), (&want["type"], &want["payload"]));
+    }
+    assert_eq!(p_end["streamClosed"], true, "{p_end}");
+
+    // After the end: catch-up reads the whole run and closes; a saved offset resumes.
+    let mut c = Script::spawn("durable.mjs", &[&server.base(), &t.key_a, &run, "catchup"]);
+    let (events, end) = read_durable(&mut c, None).await;
+    assert_eq!(seqs_of(&events), all);
+    assert_eq!(end["streamClosed"], true, "{end}");
+    let saved = saved.expect("the offset of the batch that held seq 4");
+    let after: i64 = saved.parse().expect("our offsets are digits");
+    assert!(after >= 4, "{saved}");
+    let mut r = Script::spawn("durable.mjs", &[&server.base(), &t.key_a, &run, "sse", &saved]);
+    let (events, end) = read_durable(&mut r, None).await;
+    assert_eq!(seqs_of(&events), (after + 1..=stored.len() as i64).collect::<Vec<_>>());
+    assert_eq!(end["streamClosed"], true, "{end}");
+    server.kill().await;
+}
+
+/// The Durable Streams headers on the wire: offsets, up-to-date, closed, ETag and 304,
+/// Cache-Control, a long-poll's 204 at the end, and bad offsets refused.
+#[tokio::test]
+async fn durable_stream_responses_carry_the_protocol_headers() {
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([running(), delta("a")])).await;
+    let get = |q: &str, etag: Option<&str>| {
+        let mut req = t.http.get(format!("{}/v1/durable/runs/{run}?{q}", t.base)).bearer_auth(&t.key_a);
+        if let Some(e) = etag {
+            req = req.header("If-None-Match", e);
+        }
+        req.send()
+    };
+    let h = |r: &reqwest::Response, name: &str| {
+        r.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
+    };
+    let r = get("offset=-1", None).await.expect("send");
+    assert_eq!(r.status(), 200);
+    assert_eq!(h(&r, "content-type").as_deref(), Some("application/json"));
+    assert_eq!(h(&r, "stream-next-offset").as_deref(), Some("0000000000000002"));
+    assert_eq!(h(&r, "stream-up-to-date").as_deref(), Some("true"));
+    assert_eq!(h(&r, "stream-closed"), None);
+    assert_eq!(h(&r, "cache-control").as_deref(), Some("no-store"), "the tail of a live run changes");
+    let etag = h(&r, "etag").expect("etag");
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body.as_array().map(Vec::len), Some(2));
+    // A page behind the end: cacheable, and revalidated with its ETag.
+    t.append_ok(&t.key_a, &run, json!([delta("b"), {"type": "run.lifecycle", "payload": {"state": "done"}}]))
+        .await;
+    let r = get("offset=-1", Some(&etag)).await.expect("send");
+    assert_eq!(r.status(), 200, "the range grew, so the old ETag does not match");
+    assert_eq!(h(&r, "stream-closed").as_deref(), Some("true"));
+    let closed_etag = h(&r, "etag").expect("etag");
+    let r = get("offset=-1", Some(&closed_etag)).await.expect("send");
+    assert_eq!(r.status(), 304);
+    let r = get("offset=0000000000000002", None).await.expect("send");
+    assert_eq!(h(&r, "cache-control").as_deref(), Some("private, max-age=60"));
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(
+        body.as_array().map(|a| a.iter().map(|e| e["seq"].clone()).collect::<Vec<_>>()),
+        Some(vec![json!(3), json!(4)])
+    );
+    // At the end of an ended run, a long-poll answers 204 at once, closed.
+    let r = get("offset=now&live=long-poll", None).await.expect("send");
+    assert_eq!(r.status(), 204);
+    assert_eq!(h(&r, "stream-next-offset").as_deref(), Some("0000000000000004"));
+    assert_eq!(h(&r, "stream-closed").as_deref(), Some("true"));
+    for (q, code) in [
+        ("offset=abc", "PARAM-INVALID"),
+        ("offset=0000000000000009", "CURSOR-BEYOND-END"),
+        ("offset=-1&live=ws", "PARAM-INVALID"),
+        ("offset=-1&other=1", "PARAM-INVALID"),
+    ] {
+        let r = get(q, None).await.expect("send");
+        assert!(r.status().is_client_error(), "{q}: {}", r.status());
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["error"]["code"], code, "{q}: {v}");
+    }
 }

@@ -396,7 +396,8 @@ impl App {
         let enc = Encoding::new(format, ctx.clone(), RunView::new());
         if cursor > 0 && enc.needs_view() {
             let (_, view) = self.view_at(who, &run.run_id, cursor.min(run.last_seq)).await?;
-            return Ok(Encoding::new(format, ctx, view));
+            let enc = Encoding::new(format, ctx, view);
+            return Ok(self.live.views.opening(&who.tenant_id, &run.run_id, enc));
         }
         Ok(enc)
     }

@@ -173,12 +173,18 @@ impl Writer {
 
 fn write_item(w: &mut Writer, o: &crate::dialect::Out) {
     // JSONL carries JSON items only (the AI SDK's `[DONE]` marker is an SSE thing).
-    if let Some(v) = o.json() {
-        if serde_json::to_writer(&mut w.buf, v).is_ok() {
-            w.buf.push(b'\n');
-            w.lines += 1;
+    match &o.data {
+        crate::dialect::Data::Json(v) => {
+            if serde_json::to_writer(&mut w.buf, v).is_err() {
+                return;
+            }
         }
+        // A shared rendering (a resync opening) is already the JSON text.
+        crate::dialect::Data::Wire(wire) => w.buf.extend_from_slice(wire.json()),
+        crate::dialect::Data::Text(_) => return,
     }
+    w.buf.push(b'\n');
+    w.lines += 1;
 }
 
 /// Writes every event the tenant stored in `[since, until)` to `tx`, by run and seq.

@@ -99,10 +99,8 @@ impl Subscription {
             f => Some(app.encoding(&who, &run, f, after).await.gql()?),
         };
         // A resync dialect's snapshot rides with the first event after the cursor.
-        let mut opening: Vec<Value> = enc
-            .as_ref()
-            .map(|e| e.open().iter().filter_map(|o| o.json().cloned()).collect())
-            .unwrap_or_default();
+        let mut opening: Vec<Value> =
+            enc.as_ref().map(|e| e.open().iter().filter_map(|o| o.to_json()).collect()).unwrap_or_default();
         let filter = Filter::new(types, child_id).gql()?;
         let events = events(Tail::new(app.live.clone(), who, run.run_id, after)).filter_map(move |mut g| {
             let e = g.event();

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::TryStreamExt;
 
+use agent_stream_core::dialect::{Encoding, Format, Out};
 use agent_stream_core::projection::RunView;
 use agent_stream_store::db::{tenant_tx, Db};
 use agent_stream_store::events::{stream_after, ALL_EVENTS};
@@ -24,10 +25,17 @@ type Slot = Arc<tokio::sync::Mutex<Option<Arc<RunView>>>>;
 /// Most views kept; idle ones beyond it are dropped and refolded on demand.
 const VIEW_CACHE_MAX: usize = 1024;
 
+/// Openings kept (see [`ViewCache::opening`]); a resync opening can be a few MB.
+const OPENINGS_MAX: usize = 16;
+
+/// Where a stream's opening is the same for every stream: run, format and seq.
+type OpeningKey = (String, String, Format, i64);
+
 /// Folded views by (tenant, run).
 #[derive(Default)]
 pub struct ViewCache {
     slots: Mutex<HashMap<(String, String), Slot>>,
+    openings: Mutex<HashMap<OpeningKey, Vec<Out>>>,
     folded: std::sync::atomic::AtomicU64,
 }
 
@@ -35,6 +43,24 @@ impl ViewCache {
     /// Events folded so far by this cache (a metric; a cached read adds nothing).
     pub fn folded_events(&self) -> u64 {
         self.folded.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `enc` opening with the shared rendering of its opening (tenant `tenant`): made
+    /// by the first stream of the run to start at this seq in this format, cloned by
+    /// the rest.
+    pub fn opening(&self, tenant: &str, run_id: &str, enc: Encoding) -> Encoding {
+        let key = (tenant.to_owned(), run_id.to_owned(), enc.format(), enc.view_seq());
+        if let Some(items) = self.openings.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return enc.with_opening(items.clone());
+        }
+        // Rendered outside the lock; two first streams may both render it, once each.
+        let items = enc.shared_open();
+        let mut openings = self.openings.lock().unwrap_or_else(|p| p.into_inner());
+        if openings.len() >= OPENINGS_MAX {
+            openings.clear();
+        }
+        openings.insert(key, items.clone());
+        enc.with_opening(items)
     }
 
     fn slot(&self, tenant: &str, run_id: &str) -> Slot {

@@ -48,7 +48,7 @@ use crate::error::{ErrorCode, Rejection, Result};
 use crate::projection::{Change, RunView};
 
 /// A client protocol, chosen with `?format=`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Format {
     /// agent-stream's own envelope (seed 004).
     #[default]
@@ -272,6 +272,17 @@ impl Out {
         }
     }
 
+    /// The item with its JSON serialised into a shared rendering (see [`Wire`]).
+    pub fn into_shared(mut self) -> Out {
+        if let Data::Json(v) = &self.data {
+            // Serialising a `Value` cannot fail (its keys are strings).
+            if let Ok(json) = serde_json::to_vec(v) {
+                self.data = Data::Wire(Wire::new(json));
+            }
+        }
+        self
+    }
+
     /// Parses a shared rendering into a JSON document the item owns.
     pub fn materialize(&mut self) {
         if let Data::Wire(w) = &self.data {
@@ -379,6 +390,9 @@ pub struct Encoding {
     /// Seq the stream starts after.
     start: i64,
     encoder: &'static dyn Encoder,
+    /// The opening, rendered once for every stream of the run that starts at this seq
+    /// in this format (see [`Encoding::shared_open`]).
+    opening: Option<Vec<Out>>,
 }
 
 /// The view handed to encoders that do not read it.
@@ -391,7 +405,7 @@ impl Encoding {
         let encoder = encoder(format);
         let start = view.seq;
         let view = encoder.needs_view().then(|| Box::new(view));
-        Encoding { format, run, view, start, encoder }
+        Encoding { format, run, view, start, encoder, opening: None }
     }
 
     /// The dialect.
@@ -417,6 +431,9 @@ impl Encoding {
     /// The items that open the stream (before any event is pushed): their id is the
     /// position the stream starts at, so a client cut off among them resumes there.
     pub fn open(&self) -> Vec<Out> {
+        if let Some(shared) = &self.opening {
+            return shared.clone();
+        }
         let mut out = vec![];
         let view: &RunView = self.view.as_deref().unwrap_or(&NO_VIEW);
         self.encoder.open(&self.run, view, &mut out);
@@ -434,6 +451,20 @@ impl Encoding {
             }
         }
         out
+    }
+
+    /// [`Encoding::open`] as shared renderings: serialised once, framed once by the first
+    /// stream that sends them, and cloned cheaply. A resync dialect's opening holds the
+    /// whole view (AG-UI's MESSAGES_SNAPSHOT), the same for every client that resumes
+    /// at this seq, so a crowd joining a long run renders it once.
+    pub fn shared_open(&self) -> Vec<Out> {
+        self.open().into_iter().map(Out::into_shared).collect()
+    }
+
+    /// Opens with `items`, a [`Encoding::shared_open`] of the same run, format and seq.
+    pub fn with_opening(mut self, items: Vec<Out>) -> Encoding {
+        self.opening = Some(items);
+        self
     }
 
     /// Folds one event and renders it.

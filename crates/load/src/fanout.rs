@@ -115,26 +115,15 @@ enum Sub {
 
 impl Sub {
     async fn open(how: Transport, addr: &str, key: &str, run: &str) -> Result<Sub, String> {
-        use futures::{SinkExt, StreamExt};
-        use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+        use futures::SinkExt;
+        use tokio_tungstenite::tungstenite::Message;
         match how {
             Transport::Sse => SseReader::open(addr, &format!("/v1/runs/{run}/stream?detail=full"), key)
                 .await
                 .map(Sub::Sse)
                 .map_err(|e| e.to_string()),
             Transport::Ws => {
-                let mut req =
-                    format!("ws://{addr}/graphql/ws").into_client_request().map_err(|e| e.to_string())?;
-                req.headers_mut()
-                    .insert("sec-websocket-protocol", "graphql-transport-ws".parse().expect("header"));
-                let (mut ws, _) = tokio_tungstenite::connect_async(req).await.map_err(|e| e.to_string())?;
-                let init =
-                    json!({"type": "connection_init", "payload": {"authorization": format!("Bearer {key}")}});
-                ws.send(Message::text(init.to_string())).await.map_err(|e| e.to_string())?;
-                match ws.next().await {
-                    Some(Ok(Message::Text(t))) if t.contains("connection_ack") => {}
-                    other => return Err(format!("no connection_ack: {other:?}")),
-                }
+                let mut ws = support::graphql_ws(addr, key).await?;
                 let sub = json!({"id": "1", "type": "subscribe", "payload": {
                     "query": "subscription($r: ID!) { runEvents(runId: $r) { seq } }",
                     "variables": {"r": run}}});

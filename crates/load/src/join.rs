@@ -82,7 +82,7 @@ async fn long_run(http: &mut Conn, key: &str, n: usize) -> String {
 /// of `head + 1`.
 async fn join_one(how: How, addr: &str, key: &str, run: &str, head: i64) -> Result<f64, String> {
     use futures::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+    use tokio_tungstenite::tungstenite::Message;
     let t0 = Instant::now();
     let want = head + 1;
     match how {
@@ -103,18 +103,7 @@ async fn join_one(how: How, addr: &str, key: &str, run: &str, head: i64) -> Resu
             }
         }
         How::Ws(what) => {
-            let mut req =
-                format!("ws://{addr}/graphql/ws").into_client_request().map_err(|e| e.to_string())?;
-            req.headers_mut()
-                .insert("sec-websocket-protocol", "graphql-transport-ws".parse().expect("header"));
-            let (mut ws, _) = tokio_tungstenite::connect_async(req).await.map_err(|e| e.to_string())?;
-            let init =
-                json!({"type": "connection_init", "payload": {"authorization": format!("Bearer {key}")}});
-            ws.send(Message::text(init.to_string())).await.map_err(|e| e.to_string())?;
-            match ws.next().await {
-                Some(Ok(Message::Text(t))) if t.contains("connection_ack") => {}
-                other => return Err(format!("no connection_ack: {other:?}")),
-            }
+            let mut ws = support::graphql_ws(addr, key).await?;
             let query = match what {
                 "view" => "subscription($r: ID!, $a: Int) { runView(runId: $r, afterSeq: $a) { seq } }".to_owned(),
                 "" => "subscription($r: ID!, $a: Int) { runEvents(runId: $r, afterSeq: $a) { seq } }".to_owned(),

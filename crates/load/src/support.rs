@@ -69,6 +69,28 @@ pub async fn create_run(http: &mut Conn, key: &str) -> String {
     r.json()["run_id"].as_str().expect("run_id").to_owned()
 }
 
+/// A `graphql-transport-ws` socket to the server at `addr`, acknowledged for `key`.
+pub async fn graphql_ws(
+    addr: &str,
+    key: &str,
+) -> Result<
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    String,
+> {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+    let mut req = format!("ws://{addr}/graphql/ws").into_client_request().map_err(|e| e.to_string())?;
+    req.headers_mut().insert("sec-websocket-protocol", "graphql-transport-ws".parse().expect("header"));
+    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.map_err(|e| e.to_string())?;
+    let init =
+        serde_json::json!({"type": "connection_init", "payload": {"authorization": format!("Bearer {key}")}});
+    ws.send(Message::text(init.to_string())).await.map_err(|e| e.to_string())?;
+    match ws.next().await {
+        Some(Ok(Message::Text(t))) if t.contains("connection_ack") => Ok(ws),
+        other => Err(format!("no connection_ack: {other:?}")),
+    }
+}
+
 /// A `kB` field of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`), in KiB.
 pub fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

@@ -36,7 +36,7 @@ pub fn router(app: AppRef) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(health::ready))
         .route("/metrics", get(health::metrics))
-        .route("/v1/runs", post(runs::create))
+        .route("/v1/runs", post(runs::create).get(runs::list_runs))
         .route("/v1/runs/{run_id}", get(runs::get))
         .route("/v1/runs/{run_id}/events", post(runs::append).get(runs::list))
         .route("/v1/runs/{run_id}/view", get(runs::view))
@@ -52,6 +52,13 @@ pub fn router(app: AppRef) -> Router {
         .route("/v1/chat", post(chat::send))
         .route("/v1/chat/{run_id}/stream", get(chat::resume))
         .merge(crate::graphql::routes())
+        // After every route: axum gives this to the routes present when it is called.
+        .method_not_allowed_fallback(|method: Method| async move {
+            error::HttpError::from(Error::reject(
+                ErrorCode::MethodNotAllowed,
+                format!("this route does not answer {method}; the Allow header lists the methods it does"),
+            ))
+        })
         .fallback(|| async { error::HttpError::from(Error::reject(ErrorCode::NotFound, "no such route; see the README for the API")) })
         .with_state(app)
         .layer(axum::middleware::from_fn(extract::refuse_nul_in_uri))
@@ -63,7 +70,7 @@ pub fn router(app: AppRef) -> Router {
                 let id = req.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("-");
                 tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
             })
-            .on_response(DefaultOnResponse::new().level(Level::INFO)),
+            .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
         )
         .layer(SetRequestIdLayer::new(REQUEST_ID.clone(), MakeRequestUuid))
 }

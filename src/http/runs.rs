@@ -37,6 +37,59 @@ pub(crate) async fn create(
     Ok((StatusCode::CREATED, Json(run)).into_response())
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListParams {
+    /// Page size, 1-1000 (default 20).
+    #[serde(default)]
+    limit: Option<i64>,
+    /// Cursor: the `next_before` of the previous page (a run id); runs older than it.
+    #[serde(default)]
+    before: Option<String>,
+    /// Only runs in this state.
+    #[serde(default)]
+    state: Option<crate::domain::lifecycle::RunState>,
+    /// Only runs created at or after this time (RFC 3339).
+    #[serde(default)]
+    created_after: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only runs created before this time (RFC 3339).
+    #[serde(default)]
+    created_before: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// A page of runs, newest first.
+#[derive(Serialize)]
+pub(crate) struct RunPage {
+    runs: Vec<crate::storage::RunInfo>,
+    /// The cursor for the next page (`?before=`), or null on the last page.
+    next_before: Option<String>,
+}
+
+/// `GET /v1/runs`: the caller's runs, newest first; the same query as GraphQL's `runs`.
+pub(crate) async fn list_runs(
+    State(app): State<AppRef>,
+    Caller(who): Caller,
+    Params(p): Params<ListParams>,
+) -> super::error::ApiResult<Response> {
+    let limit = p.limit.unwrap_or(20);
+    if !(1..=1000).contains(&limit) {
+        return Err(Error::reject(ErrorCode::InvalidParameter, "`limit` must be between 1 and 1000").into());
+    }
+    let before_run_id = p.before.map(|c| crate::storage::runs::parse_run_id(&c)).transpose()?;
+    let q = crate::storage::runs::RunQuery {
+        state: p.state,
+        created_after: p.created_after,
+        created_before: p.created_before,
+        before_run_id,
+        limit: limit + 1,
+    };
+    let mut runs = app.list_runs(&who, &q).await?;
+    let more = runs.len() > limit as usize;
+    runs.truncate(limit as usize);
+    let next_before = if more { runs.last().map(|r| r.run_id.clone()) } else { None };
+    Ok(Json(RunPage { runs, next_before }).into_response())
+}
+
 /// `GET /v1/runs/{run_id}`
 pub(crate) async fn get(
     State(app): State<AppRef>,

@@ -19,6 +19,7 @@ mod migrations;
 mod ops;
 mod projection;
 mod shaping;
+mod surface;
 mod tenancy;
 mod tls;
 mod validation;

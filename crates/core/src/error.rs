@@ -81,6 +81,8 @@ pub enum ErrorCode {
     CursorBeyondEnd,
     /// The route does not exist.
     NotFound,
+    /// The route exists but not with this method (the `Allow` header lists those it has).
+    MethodNotAllowed,
     /// A tenant or key with that name already exists.
     AlreadyExists,
     /// The tenant's append rate limit is reached; retry after `Retry-After`.
@@ -134,6 +136,7 @@ impl ErrorCode {
             InvalidParameter => "PARAM-INVALID",
             CursorBeyondEnd => "CURSOR-BEYOND-END",
             NotFound => "NOT-FOUND",
+            MethodNotAllowed => "METHOD-NOT-ALLOWED",
             AlreadyExists => "ALREADY-EXISTS",
             RateLimited => "RATE-LIMITED",
             SubscriptionsLimit => "SUBSCRIPTIONS-LIMIT",

@@ -288,12 +288,19 @@ impl App {
         // cost. A large batch already amortizes its commit; in a lane it would wait
         // behind other runs' appends and be copied into the queue.
         let lane = self.group.as_ref().filter(|_| batch.events.len() < storage::group::OWN_COMMIT_FROM);
+        let started = std::time::Instant::now();
         let out = match lane {
             Some(g) => g.append(&who.tenant_id, run_id, batch).await,
             None => {
                 storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer).await
             }
         };
+        let outcome = match &out {
+            Ok(o) if o.replayed => "replayed",
+            Ok(_) => "written",
+            Err(_) => "rejected",
+        };
+        self.metrics.append_took(outcome, started.elapsed());
         // Group-commit lanes count their own transactions.
         self.count(out.as_ref().ok(), lane.is_none());
         let out = out?;
@@ -319,7 +326,7 @@ impl App {
                 m.appends.fetch_add(1, Relaxed);
                 m.events.fetch_add((o.last_seq - o.first_seq + 1) as u64, Relaxed);
                 if own_commit {
-                    m.commit_groups.fetch_add(1, Relaxed);
+                    m.committed_group(1);
                 }
             }
             None => _ = m.appends_rejected.fetch_add(1, Relaxed),

@@ -26,7 +26,7 @@ pub(crate) async fn ready(State(app): State<AppRef>) -> Response {
     (status, Json(json!({"ready": db && listener, "database": db, "listener": listener}))).into_response()
 }
 
-/// `GET /metrics`: Prometheus text format.
+/// `GET /metrics`: the OpenMetrics text format (Prometheus reads it).
 pub(crate) async fn metrics(State(app): State<AppRef>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render(&app)).into_response()
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], crate::metrics::render(&app)).into_response()
 }

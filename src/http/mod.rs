@@ -60,8 +60,9 @@ pub fn router(app: AppRef) -> Router {
             ))
         })
         .fallback(|| async { error::HttpError::from(Error::reject(ErrorCode::NotFound, "no such route; see the README for the API")) })
-        .with_state(app)
+        .with_state(app.clone())
         .layer(axum::middleware::from_fn(extract::refuse_nul_in_uri))
+        .layer(axum::middleware::from_fn(move |req, next| count_request(app.clone(), req, next)))
         .layer(cors)
         .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
         .layer(
@@ -93,4 +94,32 @@ fn cors(origins: &Option<Vec<String>>) -> CorsLayer {
         ])
         .expose_headers([REQUEST_ID.clone()])
         .max_age(Duration::from_secs(600))
+}
+
+/// Counts a request by its matched route template (never the raw path: ids would make a
+/// series per run), method and status, with the time to the response's head.
+async fn count_request(
+    app: AppRef,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let started = std::time::Instant::now();
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = match *req.method() {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    };
+    let resp = next.run(req).await;
+    let labels = crate::metrics::HttpRequest { route, method, status: resp.status().as_u16() };
+    app.metrics.http_requests.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+    resp
 }

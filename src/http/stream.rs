@@ -94,8 +94,31 @@ pub(crate) async fn stream(
     let base = cursor.complete_seq();
     let enc = app.encoding(&who, &run, format, base).await?;
     let shedding = app.settings.shedding;
-    let tail = Tail::new(app.live.clone(), who, run.run_id, base);
+    let delivery = app.metrics.subscription(crate::metrics::Transport::SSE);
+    let tail = Live { tail: Tail::new(app.live.clone(), who, run.run_id, base), delivery };
     Ok(sse_response(Sending::new(tail, enc, raw, Shedder::new(shedding, !ended), &cursor), format))
+}
+
+/// A live stream's source: the tail, with its deliveries recorded in the metrics.
+struct Live {
+    tail: Tail,
+    delivery: crate::metrics::Delivery,
+}
+
+impl Source for Live {
+    fn note_dropped(&self, n: u64) {
+        self.tail.note_dropped(n);
+    }
+    async fn next_batch(&mut self) -> Option<Batch> {
+        let batch = self.tail.next_batch().await?;
+        for e in batch.events() {
+            self.delivery.delivered(e);
+        }
+        Some(batch)
+    }
+    fn behind(&self) -> i64 {
+        self.tail.behind()
+    }
 }
 
 /// The SSE response for a stream, with the dialect's headers.

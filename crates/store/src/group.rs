@@ -13,7 +13,6 @@
 //!   alone through the single-append path, which answers it exactly as it would have.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -125,7 +124,10 @@ async fn commit_group(db: &Db, guards: &Guards, metrics: &Metrics, tenant: &str,
     drop(slots);
     match result {
         Ok((answers, groups)) => {
-            metrics.commit_groups.fetch_add(groups, Relaxed);
+            if groups > 0 {
+                let written = answers.iter().filter(|(_, a)| a.as_ref().is_ok_and(|o| !o.replayed)).count();
+                metrics.committed_group(written as u64);
+            }
             for (reply, answer) in answers {
                 let _ = reply.send(answer);
             }
@@ -135,7 +137,7 @@ async fn commit_group(db: &Db, guards: &Guards, metrics: &Metrics, tenant: &str,
             for j in jobs {
                 let out = super::append(db, guards, &j.tenant, &j.run_id, &j.batch, Origin::Producer).await;
                 if out.as_ref().is_ok_and(|o| !o.replayed) {
-                    metrics.commit_groups.fetch_add(1, Relaxed);
+                    metrics.committed_group(1);
                 }
                 let _ = j.reply.send(out);
             }

@@ -9,6 +9,7 @@ pub mod extract;
 mod health;
 mod jsonl;
 mod keys;
+pub mod openapi;
 mod replay;
 mod runs;
 mod sse;
@@ -33,9 +34,11 @@ static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub fn router(app: AppRef) -> Router {
     let cors = cors(&app.settings.cors_origins);
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(health::alive))
         .route("/readyz", get(health::ready))
         .route("/metrics", get(health::metrics))
+        .route("/openapi.json", get(openapi::openapi_json))
+        .route("/schema/events.json", get(openapi::events_schema))
         .route("/v1/runs", post(runs::create).get(runs::list_runs))
         .route("/v1/runs/{run_id}", get(runs::get))
         .route("/v1/runs/{run_id}/events", post(runs::append).get(runs::list))

@@ -26,7 +26,8 @@ const MAX_SPEED: f64 = 10_000.0;
 /// Events read per page.
 const PAGE: i64 = 500;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ReplayParams {
     #[serde(default)]
@@ -93,6 +94,18 @@ impl Source for Paced {
 }
 
 /// `GET /v1/runs/{run_id}/replay[?speed=N][&format=][&after_seq=]`
+#[utoipa::path(get, path = "/v1/runs/{run_id}/replay", tag = "live", security(("bearer" = []), ("access_token" = [])),
+    params(("run_id" = String, Path, description = "The run id (a ULID)"), ReplayParams, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this stream position (wins over `after_seq`)")),
+    responses(
+        (status = 200, description = "The stored run as Server-Sent Events, paced", content_type = "text/event-stream", body = String),
+        (status = 204, description = "Nothing is after the cursor"),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 416, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn replay(
     State(app): State<AppRef>,
     Caller(who): Caller,

@@ -12,7 +12,7 @@ use crate::app::AppRef;
 use crate::domain::input::parse_batch;
 use crate::error::{Error, ErrorCode};
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CreateRun {
     #[serde(default)]
@@ -20,6 +20,19 @@ pub(crate) struct CreateRun {
 }
 
 /// `POST /v1/runs` with an optional `{"parent_run_id": ...}` body.
+#[utoipa::path(post, path = "/v1/runs", tag = "runs", security(("bearer" = [])),
+    request_body(content = Option<CreateRun>, description = "Optional: `parent_run_id` makes a sub-run", content_type = "application/json"),
+    responses(
+        (status = 201, description = "The new run", body = crate::http::openapi::Run),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 413, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 415, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 429, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn create(
     State(app): State<AppRef>,
     Caller(who): Caller,
@@ -37,7 +50,8 @@ pub(crate) async fn create(
     Ok((StatusCode::CREATED, Json(run)).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ListParams {
     /// Page size, 1-1000 (default 20).
@@ -48,6 +62,7 @@ pub(crate) struct ListParams {
     before: Option<String>,
     /// Only runs in this state.
     #[serde(default)]
+    #[param(value_type = Option<crate::http::openapi::RunState>)]
     state: Option<crate::domain::lifecycle::RunState>,
     /// Only runs created at or after this time (RFC 3339).
     #[serde(default)]
@@ -58,14 +73,24 @@ pub(crate) struct ListParams {
 }
 
 /// A page of runs, newest first.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct RunPage {
+    #[schema(value_type = Vec<crate::http::openapi::Run>)]
     runs: Vec<crate::storage::RunInfo>,
     /// The cursor for the next page (`?before=`), or null on the last page.
     next_before: Option<String>,
 }
 
 /// `GET /v1/runs`: the caller's runs, newest first; the same query as GraphQL's `runs`.
+#[utoipa::path(get, path = "/v1/runs", tag = "runs", security(("bearer" = [])), params(ListParams),
+    responses(
+        (status = 200, description = "A page of runs, newest first", body = RunPage),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 429, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn list_runs(
     State(app): State<AppRef>,
     Caller(who): Caller,
@@ -91,6 +116,15 @@ pub(crate) async fn list_runs(
 }
 
 /// `GET /v1/runs/{run_id}`
+#[utoipa::path(get, path = "/v1/runs/{run_id}", tag = "runs", security(("bearer" = [])), params(("run_id" = String, Path, description = "The run id (a ULID)")),
+    responses(
+        (status = 200, description = "The run", body = crate::http::openapi::Run),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn get(
     State(app): State<AppRef>,
     Caller(who): Caller,
@@ -99,7 +133,8 @@ pub(crate) async fn get(
     Ok(Json(app.run(&who, &run_id).await?).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct AppendParams {
     #[serde(default)]
@@ -107,6 +142,26 @@ pub(crate) struct AppendParams {
 }
 
 /// `POST /v1/runs/{run_id}/events` with a JSON array, `{"events": [...]}` or NDJSON.
+#[utoipa::path(post, path = "/v1/runs/{run_id}/events", tag = "events", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "The run id (a ULID)"), AppendParams),
+    request_body(content(
+        (crate::http::openapi::AppendBody = "application/json"),
+        (String = "application/x-ndjson"),
+    ), description = "A JSON array of events, `{\"events\": [...], \"expected_last_seq\": n}`, or NDJSON (one event per line)"),
+    responses(
+        (status = 201, description = "Written", body = crate::http::openapi::Appended),
+        (status = 200, description = "An idempotent retry, answered from the stored events (`replayed: true`)", body = crate::http::openapi::Appended),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 409, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 413, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 415, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 422, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 429, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn append(
     State(app): State<AppRef>,
     Caller(who): Caller,
@@ -136,7 +191,8 @@ pub(crate) async fn append(
     Ok((status, Json(out)).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ReadParams {
     #[serde(default)]
@@ -159,6 +215,16 @@ fn default_limit() -> i64 {
 }
 
 /// `GET /v1/runs/{run_id}/events?after_seq=&limit=`: a page of the log, in seq order.
+#[utoipa::path(get, path = "/v1/runs/{run_id}/events", tag = "events", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "The run id (a ULID)"), ReadParams),
+    responses(
+        (status = 200, description = "A page of the log in seq order", body = crate::http::openapi::EventPage),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn list(
     State(app): State<AppRef>,
     Caller(who): Caller,
@@ -172,6 +238,15 @@ pub(crate) async fn list(
 }
 
 /// `GET /v1/runs/{run_id}/view`: the run's views, as the reducer folds them.
+#[utoipa::path(get, path = "/v1/runs/{run_id}/view", tag = "runs", security(("bearer" = [])), params(("run_id" = String, Path, description = "The run id (a ULID)")),
+    responses(
+        (status = 200, description = "The run's views, folded by the reducer", body = crate::http::openapi::View),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn view(
     State(app): State<AppRef>,
     Caller(who): Caller,

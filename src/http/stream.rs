@@ -31,7 +31,8 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::live::shed::{drops, Shedder};
 use crate::live::{Batch, Tail};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StreamParams {
     #[serde(default)]
@@ -62,6 +63,18 @@ pub(super) fn resume_point(headers: &HeaderMap, after_seq: Option<&str>) -> Resu
 }
 
 /// `GET /v1/runs/{run_id}/stream[?after_seq=N][&detail=full][&format=]`
+#[utoipa::path(get, path = "/v1/runs/{run_id}/stream", tag = "live", security(("bearer" = []), ("access_token" = [])),
+    params(("run_id" = String, Path, description = "The run id (a ULID)"), StreamParams, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this stream position (wins over `after_seq`)")),
+    responses(
+        (status = 200, description = "Server-Sent Events in the chosen dialect", content_type = "text/event-stream", body = String),
+        (status = 204, description = "The run has ended and nothing is after the cursor"),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 416, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn stream(
     State(app): State<AppRef>,
     Caller(who): Caller,

@@ -16,6 +16,7 @@ mod in_doubt;
 mod jsonl;
 mod live;
 mod migrations;
+mod openapi;
 mod ops;
 mod projection;
 mod shaping;

@@ -98,6 +98,51 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code, in the order of the README's table.
+    pub const ALL: [ErrorCode; 41] = [
+        ErrorCode::AuthMissing,
+        ErrorCode::AuthInvalid,
+        ErrorCode::AuthScope,
+        ErrorCode::RunNotFound,
+        ErrorCode::RunClosed,
+        ErrorCode::SeqConflict,
+        ErrorCode::BodyMalformed,
+        ErrorCode::UnsupportedMediaType,
+        ErrorCode::BodyTooLarge,
+        ErrorCode::BatchEmpty,
+        ErrorCode::BatchTooLarge,
+        ErrorCode::EventMalformed,
+        ErrorCode::UnknownType,
+        ErrorCode::InvalidPayload,
+        ErrorCode::EventTooLarge,
+        ErrorCode::NumberUnstorable,
+        ErrorCode::Reserved,
+        ErrorCode::ToolUnknownCall,
+        ErrorCode::ToolDuplicateCall,
+        ErrorCode::ToolCallEnded,
+        ErrorCode::MessageUnknown,
+        ErrorCode::MessageDuplicate,
+        ErrorCode::MessageEnded,
+        ErrorCode::MessageTextMismatch,
+        ErrorCode::LifecycleIllegal,
+        ErrorCode::ChildUnknown,
+        ErrorCode::ChildDuplicate,
+        ErrorCode::PlanNotPending,
+        ErrorCode::KeyRepeated,
+        ErrorCode::IdempotencyMismatch,
+        ErrorCode::TextNul,
+        ErrorCode::InvalidParameter,
+        ErrorCode::CursorBeyondEnd,
+        ErrorCode::NotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::AlreadyExists,
+        ErrorCode::RateLimited,
+        ErrorCode::SubscriptionsLimit,
+        ErrorCode::SocketsLimit,
+        ErrorCode::Unavailable,
+        ErrorCode::Internal,
+    ];
+
     /// The stable wire form of the code.
     pub fn as_str(self) -> &'static str {
         use ErrorCode::*;

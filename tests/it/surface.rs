@@ -304,3 +304,33 @@ fn the_readmes_layout_names_what_is_there() {
     }
     assert!(named > 10);
 }
+
+#[test]
+fn the_readmes_error_table_is_every_code_with_its_status() {
+    use agent_stream::error::ErrorCode;
+    let mut rows = 0;
+    for line in README.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let [_, code, status, ..] = cells.as_slice() else { continue };
+        let Some(code) = code.strip_prefix('`').and_then(|c| c.strip_suffix('`')) else { continue };
+        let status = match *status {
+            // WebSocket-only codes: no HTTP answer carries them.
+            "(GraphQL)" => None,
+            s => match s.parse::<u16>() {
+                Ok(n) => Some(n),
+                Err(_) => continue,
+            },
+        };
+        let known = ErrorCode::ALL.iter().find(|c| c.as_str() == code);
+        let known = known.unwrap_or_else(|| panic!("the README lists `{code}`, which is not an ErrorCode"));
+        if let Some(status) = status {
+            assert_eq!(agent_stream::http::error::status(*known).as_u16(), status, "{code}");
+        }
+        rows += 1;
+    }
+    assert!(rows > 30, "{rows} rows");
+    for c in ErrorCode::ALL {
+        let row = format!("| `{}` |", c.as_str());
+        assert!(README.contains(&row), "the README's error table has no row for `{}`", c.as_str());
+    }
+}

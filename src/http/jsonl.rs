@@ -22,15 +22,19 @@ const JSONL: &str = "application/x-ndjson";
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ExportParams {
+    /// First seq (inclusive).
     #[serde(default)]
     from_seq: Option<i64>,
+    /// Last seq (inclusive).
     #[serde(default)]
     to_seq: Option<i64>,
+    /// Only this child's events.
     #[serde(default)]
     child_id: Option<String>,
     /// Comma-separated types.
     #[serde(default)]
     types: Option<String>,
+    /// The dialect: native (default; lines are the stored envelope) or another.
     #[serde(default)]
     format: Option<String>,
 }
@@ -103,8 +107,10 @@ pub(crate) async fn export(
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct TenantParams {
+    /// Events stored at or after this time (RFC 3339).
     #[serde(default)]
     since: Option<String>,
+    /// Events stored before this time (RFC 3339).
     #[serde(default)]
     until: Option<String>,
 }

@@ -30,10 +30,13 @@ const PAGE: i64 = 500;
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ReplayParams {
+    /// Pace: N times the recorded pace, > 0 and at most 10000 (default 1).
     #[serde(default)]
     speed: Option<f64>,
+    /// Resume after this stream position (`Last-Event-ID` wins).
     #[serde(default)]
     after_seq: Option<String>,
+    /// The dialect: native (default), multica, chunks, hier, typed, agui or vercel.
     #[serde(default)]
     format: Option<String>,
 }

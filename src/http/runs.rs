@@ -137,6 +137,7 @@ pub(crate) async fn get(
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct AppendParams {
+    /// The append succeeds only if the run's last seq is still this (must agree with the body's, if both are given).
     #[serde(default)]
     expected_last_seq: Option<i64>,
 }
@@ -195,8 +196,10 @@ pub(crate) async fn append(
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ReadParams {
+    /// Events with `seq` greater than this (default 0).
     #[serde(default)]
     after_seq: i64,
+    /// Page size, 1..10000 (default 1000).
     #[serde(default = "default_limit")]
     limit: i64,
 }

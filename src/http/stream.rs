@@ -35,10 +35,13 @@ use crate::live::{Batch, Tail};
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StreamParams {
+    /// Resume after this stream position: a seq, or an `id:` this service sent (`Last-Event-ID` wins).
     #[serde(default)]
     after_seq: Option<String>,
+    /// `default` merges deltas per lane (at most 10 delta frames a second per run); `full` sends every item as it is.
     #[serde(default)]
     detail: Option<String>,
+    /// The dialect: native (default), multica, chunks, hier, typed, agui or vercel.
     #[serde(default)]
     format: Option<String>,
 }

@@ -19,6 +19,7 @@ mod migrations;
 mod openapi;
 mod ops;
 mod projection;
+mod readme;
 mod shaping;
 mod surface;
 mod tenancy;

@@ -120,6 +120,8 @@ pub struct App {
     pub auth: Arc<Authenticator>,
     /// Process metrics.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Recent appends' trace contexts, for the deliveries' spans (OpenTelemetry).
+    pub traces: crate::telemetry::Traces,
     /// Per-tenant append buckets.
     pub limiter: crate::ratelimit::RateLimiter,
     /// One clone per open WebSocket: the server's graceful shutdown does not wait for
@@ -172,6 +174,7 @@ impl App {
             group,
             auth,
             metrics,
+            traces: Default::default(),
             limiter: Default::default(),
             sockets: Arc::new(()),
             settings,
@@ -281,6 +284,7 @@ impl App {
     }
 
     /// Appends a producer's batch.
+    #[tracing::instrument(name = "append", skip_all, fields(run_id = %run_id, events = batch.events.len()))]
     pub async fn append(&self, who: &Principal, run_id: &str, batch: &Batch) -> Result<AppendOutcome> {
         who.require(Scope::Write)?;
         self.admit(who)?;
@@ -292,7 +296,10 @@ impl App {
         let out = match lane {
             Some(g) => g.append(&who.tenant_id, run_id, batch).await,
             None => {
-                storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer).await
+                use tracing::Instrument;
+                storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer)
+                    .instrument(tracing::info_span!("commit", appends = 1))
+                    .await
             }
         };
         let outcome = match &out {
@@ -336,6 +343,8 @@ impl App {
     /// Tells live subscribers (here and in other processes) about a write.
     fn committed(&self, who: &Principal, run_id: &str, out: &AppendOutcome) {
         if let (false, Ok(run_id)) = (out.replayed, runs::parse_run_id(run_id)) {
+            let _span = tracing::info_span!("notify", last_seq = out.last_seq).entered();
+            self.traces.appended(&run_id, out.first_seq, out.last_seq);
             self.live.committed(&who.tenant_id, &run_id, out.last_seq);
         }
     }

@@ -272,12 +272,31 @@ fn init_tracing() {
         filter_fn(|m| !(m.target().starts_with("tokio_postgres") && *m.level() > tracing::Level::INFO));
     let json = std::env::var("AGENT_STREAM_LOG_FORMAT").is_ok_and(|v| v == "json");
     let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Spans for OpenTelemetry, when OTEL_* asks: the service's own, at info.
+    let otel = match crate::telemetry::layer() {
+        Ok(l) => l.map(|l| {
+            use tracing_subscriber::filter::Targets;
+            l.with_filter(
+                Targets::new()
+                    .with_target("agent_stream", tracing::Level::INFO)
+                    .with_target("agent_stream_store", tracing::Level::INFO),
+            )
+        }),
+        Err(e) => {
+            eprintln!("warning: OpenTelemetry tracing is off: {e:#}");
+            None
+        }
+    };
     if json {
         tracing_subscriber::registry()
+            .with(otel)
             .with(layer.json().with_filter(filter).with_filter(no_parameters))
             .init();
     } else {
-        tracing_subscriber::registry().with(layer.with_filter(filter).with_filter(no_parameters)).init();
+        tracing_subscriber::registry()
+            .with(otel)
+            .with(layer.with_filter(filter).with_filter(no_parameters))
+            .init();
     }
 }
 
@@ -568,22 +587,26 @@ async fn readyz(listen: std::net::SocketAddr) -> anyhow::Result<(hyper::StatusCo
 
 /// Parses the command line and runs the command; what the binary's `main` calls.
 pub fn main() -> std::process::ExitCode {
+    // Outside the runtime: the OTLP exporter's blocking HTTP client may not be built
+    // inside one.
+    init_tracing();
     // A runtime like `#[tokio::main]`'s, whose workers give idle memory back as they park.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .on_thread_park(crate::alloc::collect_when_idle)
         .build();
-    match rt {
+    let code = match rt {
         Ok(rt) => rt.block_on(run_main()),
         Err(e) => {
             eprintln!("error: could not start the async runtime: {e}");
             std::process::ExitCode::FAILURE
         }
-    }
+    };
+    crate::telemetry::shutdown();
+    code
 }
 
 async fn run_main() -> std::process::ExitCode {
-    init_tracing();
     let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -72,7 +72,9 @@ pub fn router(app: AppRef) -> Router {
             // Log method and path only: query strings may carry `access_token`.
             TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
                 let id = req.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("-");
-                tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
+                let span = tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id);
+                crate::telemetry::continue_trace(&span, req.headers());
+                span
             })
             .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
         )

@@ -111,7 +111,7 @@ pub(crate) async fn stream(
     let enc = app.encoding(&who, &run, format, base).await?;
     let shedding = app.settings.shedding;
     let delivery = app.metrics.subscription(crate::metrics::Transport::SSE);
-    let tail = Live { tail: Tail::new(app.live.clone(), who, run.run_id, base), delivery };
+    let tail = Live { tail: Tail::new(app.live.clone(), who, run.run_id, base), delivery, app: app.clone() };
     Ok(sse_response(Sending::new(tail, enc, raw, Shedder::new(shedding, !ended), &cursor), format))
 }
 
@@ -119,6 +119,7 @@ pub(crate) async fn stream(
 struct Live {
     tail: Tail,
     delivery: crate::metrics::Delivery,
+    app: AppRef,
 }
 
 impl Source for Live {
@@ -129,6 +130,7 @@ impl Source for Live {
         let batch = self.tail.next_batch().await?;
         for e in batch.events() {
             self.delivery.delivered(e);
+            self.app.traces.delivered(&e.run_id, e.seq, "sse");
         }
         Some(batch)
     }

@@ -22,6 +22,7 @@ mod projection;
 mod readme;
 mod shaping;
 mod surface;
+mod telemetry;
 mod tenancy;
 mod tls;
 mod validation;

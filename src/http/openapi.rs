@@ -336,6 +336,10 @@ impl Modify for ErrorCodes {
         super::jsonl::export,
         super::jsonl::export_all,
         super::jsonl::import,
+        super::chat::send,
+        super::chat::resume,
+        super::agui::run,
+        super::durable::read,
         super::keys::list,
         super::keys::create,
         super::keys::revoke,
@@ -357,6 +361,7 @@ impl Modify for ErrorCodes {
         (name = "live", description = "Server-Sent Events: live and replayed"),
         (name = "jsonl", description = "Export and import"),
         (name = "keys", description = "A tenant's API keys (admin scope)"),
+        (name = "clients", description = "Standard clients as they are: AI SDK chat, AG-UI, Durable Streams"),
         (name = "graphql", description = "GraphQL over HTTP and WebSocket"),
         (name = "operations", description = "Health, readiness, metrics and these documents"),
     )

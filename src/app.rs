@@ -120,6 +120,8 @@ pub struct App {
     pub auth: Arc<Authenticator>,
     /// Process metrics.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Recent appends' trace contexts, for the deliveries' spans (OpenTelemetry).
+    pub traces: crate::telemetry::Traces,
     /// Per-tenant append buckets.
     pub limiter: crate::ratelimit::RateLimiter,
     /// One clone per open WebSocket: the server's graceful shutdown does not wait for
@@ -172,6 +174,7 @@ impl App {
             group,
             auth,
             metrics,
+            traces: Default::default(),
             limiter: Default::default(),
             sockets: Arc::new(()),
             settings,
@@ -281,6 +284,7 @@ impl App {
     }
 
     /// Appends a producer's batch.
+    #[tracing::instrument(name = "append", skip_all, fields(run_id = %run_id, events = batch.events.len()))]
     pub async fn append(&self, who: &Principal, run_id: &str, batch: &Batch) -> Result<AppendOutcome> {
         who.require(Scope::Write)?;
         self.admit(who)?;
@@ -288,12 +292,22 @@ impl App {
         // cost. A large batch already amortizes its commit; in a lane it would wait
         // behind other runs' appends and be copied into the queue.
         let lane = self.group.as_ref().filter(|_| batch.events.len() < storage::group::OWN_COMMIT_FROM);
+        let started = std::time::Instant::now();
         let out = match lane {
             Some(g) => g.append(&who.tenant_id, run_id, batch).await,
             None => {
-                storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer).await
+                use tracing::Instrument;
+                storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer)
+                    .instrument(tracing::info_span!("commit", appends = 1))
+                    .await
             }
         };
+        let outcome = match &out {
+            Ok(o) if o.replayed => "replayed",
+            Ok(_) => "written",
+            Err(_) => "rejected",
+        };
+        self.metrics.append_took(outcome, started.elapsed());
         // Group-commit lanes count their own transactions.
         self.count(out.as_ref().ok(), lane.is_none());
         let out = out?;
@@ -319,7 +333,7 @@ impl App {
                 m.appends.fetch_add(1, Relaxed);
                 m.events.fetch_add((o.last_seq - o.first_seq + 1) as u64, Relaxed);
                 if own_commit {
-                    m.commit_groups.fetch_add(1, Relaxed);
+                    m.committed_group(1);
                 }
             }
             None => _ = m.appends_rejected.fetch_add(1, Relaxed),
@@ -329,6 +343,8 @@ impl App {
     /// Tells live subscribers (here and in other processes) about a write.
     fn committed(&self, who: &Principal, run_id: &str, out: &AppendOutcome) {
         if let (false, Ok(run_id)) = (out.replayed, runs::parse_run_id(run_id)) {
+            let _span = tracing::info_span!("notify", last_seq = out.last_seq).entered();
+            self.traces.appended(&run_id, out.first_seq, out.last_seq);
             self.live.committed(&who.tenant_id, &run_id, out.last_seq);
         }
     }

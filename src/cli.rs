@@ -153,7 +153,7 @@ enum Command {
     },
     /// Import a JSONL export as a new run with the same log; prints the new run id.
     Import {
-        /// The export file.
+        /// The export file, or `-` for standard input.
         file: PathBuf,
         /// API key of the tenant to import into (write scope).
         #[arg(long, env = "AGENT_STREAM_KEY", hide_env_values = true)]
@@ -272,12 +272,31 @@ fn init_tracing() {
         filter_fn(|m| !(m.target().starts_with("tokio_postgres") && *m.level() > tracing::Level::INFO));
     let json = std::env::var("AGENT_STREAM_LOG_FORMAT").is_ok_and(|v| v == "json");
     let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Spans for OpenTelemetry, when OTEL_* asks: the service's own, at info.
+    let otel = match crate::telemetry::layer() {
+        Ok(l) => l.map(|l| {
+            use tracing_subscriber::filter::Targets;
+            l.with_filter(
+                Targets::new()
+                    .with_target("agent_stream", tracing::Level::INFO)
+                    .with_target("agent_stream_store", tracing::Level::INFO),
+            )
+        }),
+        Err(e) => {
+            eprintln!("warning: OpenTelemetry tracing is off: {e:#}");
+            None
+        }
+    };
     if json {
         tracing_subscriber::registry()
+            .with(otel)
             .with(layer.json().with_filter(filter).with_filter(no_parameters))
             .init();
     } else {
-        tracing_subscriber::registry().with(layer.with_filter(filter).with_filter(no_parameters)).init();
+        tracing_subscriber::registry()
+            .with(otel)
+            .with(layer.with_filter(filter).with_filter(no_parameters))
+            .init();
     }
 }
 
@@ -354,12 +373,73 @@ async fn with_app<T>(db: &DbArgs, f: impl AsyncFnOnce(AppRef) -> anyhow::Result<
     result
 }
 
-fn progress(total: u64, what: &str) -> indicatif::ProgressBar {
+/// What `tenant retention` prints: the tenant's override, or that it follows the
+/// service's default, in words.
+fn retention_line(name: &str, done_days: Option<i32>, failed_days: Option<i32>) -> String {
+    let days = |d: Option<i32>| match d {
+        Some(1) => "1 day".to_owned(),
+        Some(n) => format!("{n} days"),
+        None => "the service's default time".to_owned(),
+    };
+    if done_days.is_none() && failed_days.is_none() {
+        return format!("tenant `{name}` follows the service's retention defaults");
+    }
+    format!(
+        "tenant `{name}`: done runs are kept for {} after they end, aborted and error runs for {}",
+        days(done_days),
+        days(failed_days)
+    )
+}
+
+/// What a progress bar counts.
+#[derive(Clone, Copy)]
+enum Unit {
+    /// Lines of a file.
+    Lines,
+    /// Bytes read.
+    Bytes,
+}
+
+/// A rate for people: whole units a second (`1234 lines/s`), or bytes scaled
+/// (`12.3 MiB/s`), never four decimals.
+fn rate(per_sec: f64, unit: Unit) -> String {
+    let per_sec = if per_sec.is_finite() { per_sec.max(0.0) } else { 0.0 };
+    match unit {
+        Unit::Lines => format!("{per_sec:.0} lines/s"),
+        Unit::Bytes => {
+            let mut v = per_sec;
+            for prefix in ["B", "KiB", "MiB", "GiB"] {
+                if v < 1024.0 {
+                    return if prefix == "B" { format!("{v:.0} B/s") } else { format!("{v:.1} {prefix}/s") };
+                }
+                v /= 1024.0;
+            }
+            format!("{v:.1} TiB/s")
+        }
+    }
+}
+
+/// A bar on a terminal (hidden otherwise); a spinner when the total is unknown (standard input).
+fn progress(total: Option<u64>, what: &str, unit: Unit) -> indicatif::ProgressBar {
     use std::io::IsTerminal;
-    let pb = indicatif::ProgressBar::new(total);
+    let pb = match total {
+        Some(n) => indicatif::ProgressBar::new(n),
+        None => indicatif::ProgressBar::new_spinner(),
+    };
     if std::io::stderr().is_terminal() {
-        let style = indicatif::ProgressStyle::with_template("{msg} {bar:40} {pos}/{len} ({per_sec}, {eta})")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        let (done, of) = match unit {
+            Unit::Lines => ("{human_pos}", "{human_len} lines"),
+            Unit::Bytes => ("{binary_bytes}", "{binary_total_bytes}"),
+        };
+        let template = match total {
+            Some(_) => format!("{{msg}} {{bar:40}} {done}/{of} ({{rate}}, {{eta}} left)"),
+            None => format!("{{msg}} {{spinner}} {done} ({{rate}})"),
+        };
+        let style = indicatif::ProgressStyle::with_template(&template)
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .with_key("rate", move |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = w.write_str(&rate(s.per_sec(), unit));
+            });
         pb.set_style(style);
         pb.set_message(what.to_owned());
     } else {
@@ -381,7 +461,7 @@ async fn cli_export(
     opts.check_run(&run)?;
     let total =
         (opts.to_seq.unwrap_or(run.last_seq).min(run.last_seq) - opts.from_seq.unwrap_or(1) + 1).max(0);
-    let pb = progress(total as u64, "exporting");
+    let pb = progress(Some(total as u64), "exporting", Unit::Lines);
     let (tx, mut rx) = tokio::sync::mpsc::channel(crate::export::CHANNEL);
     let job = tokio::spawn(crate::export::export_run(app, who, run, opts, tx));
     let mut sink: Box<dyn tokio::io::AsyncWrite + Unpin + Send> = match &out {
@@ -407,10 +487,19 @@ async fn cli_import(app: AppRef, key: &str, file: &std::path::Path) -> anyhow::R
     use anyhow::Context;
     use tokio::io::AsyncBufReadExt;
     let who = app.authenticate(Some(key)).await?;
-    let f = tokio::fs::File::open(file).await.with_context(|| format!("opening {}", file.display()))?;
-    let pb = progress(f.metadata().await?.len(), "importing (one transaction)");
+    // `-` is standard input, as for most tools that read a file.
+    let (input, size): (Box<dyn tokio::io::AsyncRead + Unpin + Send>, Option<u64>) = if file.as_os_str()
+        == "-"
+    {
+        (Box::new(tokio::io::stdin()), None)
+    } else {
+        let f = tokio::fs::File::open(file).await.with_context(|| format!("opening {}", file.display()))?;
+        let size = f.metadata().await?.len();
+        (Box::new(f), Some(size))
+    };
+    let pb = progress(size, "importing (one transaction)", Unit::Bytes);
     let reader = LineReader {
-        raw: tokio::io::BufReader::with_capacity(1 << 20, f).split(b'\n'),
+        raw: tokio::io::BufReader::with_capacity(1 << 20, input).split(b'\n'),
         lines: ExportLines::new(app.settings.limits),
         number: 0,
         done: false,
@@ -450,7 +539,7 @@ async fn cli_import(app: AppRef, key: &str, file: &std::path::Path) -> anyhow::R
 
 /// The state of [`cli_import`]'s reading.
 struct LineReader {
-    raw: tokio::io::Split<tokio::io::BufReader<tokio::fs::File>>,
+    raw: tokio::io::Split<tokio::io::BufReader<Box<dyn tokio::io::AsyncRead + Unpin + Send>>>,
     lines: crate::domain::jsonl::ExportLines,
     number: usize,
     done: bool,
@@ -498,22 +587,26 @@ async fn readyz(listen: std::net::SocketAddr) -> anyhow::Result<(hyper::StatusCo
 
 /// Parses the command line and runs the command; what the binary's `main` calls.
 pub fn main() -> std::process::ExitCode {
+    // Outside the runtime: the OTLP exporter's blocking HTTP client may not be built
+    // inside one.
+    init_tracing();
     // A runtime like `#[tokio::main]`'s, whose workers give idle memory back as they park.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .on_thread_park(crate::alloc::collect_when_idle)
         .build();
-    match rt {
+    let code = match rt {
         Ok(rt) => rt.block_on(run_main()),
         Err(e) => {
             eprintln!("error: could not start the async runtime: {e}");
             std::process::ExitCode::FAILURE
         }
-    }
+    };
+    crate::telemetry::shutdown();
+    code
 }
 
 async fn run_main() -> std::process::ExitCode {
-    init_tracing();
     let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -602,7 +695,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             })
             .await?;
             anyhow::ensure!(found, "no tenant named `{name}`");
-            println!("tenant `{name}`: done runs kept {:?} days, aborted/error {:?} days (None: the service default)", done_days, failed_days);
+            println!("{}", retention_line(&name, done_days, failed_days));
             Ok(())
         }
         Command::Tenant { cmd: TenantCmd::Create { name, db } } => {
@@ -672,7 +765,35 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_origin;
+    use super::{parse_origin, rate, retention_line, Unit};
+
+    #[test]
+    fn rates_have_units_and_no_noise_digits() {
+        assert_eq!(rate(1234.56789, Unit::Lines), "1235 lines/s");
+        assert_eq!(rate(0.0, Unit::Lines), "0 lines/s");
+        assert_eq!(rate(f64::NAN, Unit::Lines), "0 lines/s");
+        assert_eq!(rate(512.4, Unit::Bytes), "512 B/s");
+        assert_eq!(rate(1536.0, Unit::Bytes), "1.5 KiB/s");
+        assert_eq!(rate(12.345 * 1024.0 * 1024.0, Unit::Bytes), "12.3 MiB/s");
+    }
+
+    #[test]
+    fn tenant_retention_says_what_it_set_in_words() {
+        assert_eq!(
+            retention_line("acme", None, None),
+            "tenant `acme` follows the service's retention defaults"
+        );
+        let line = retention_line("acme", Some(7), Some(1));
+        assert_eq!(
+            line,
+            "tenant `acme`: done runs are kept for 7 days after they end, aborted and error runs for 1 day"
+        );
+        let line = retention_line("acme", None, Some(3));
+        assert_eq!(
+            line,
+            "tenant `acme`: done runs are kept for the service's default time after they end, aborted and error runs for 3 days"
+        );
+    }
 
     #[test]
     fn cors_origins_are_checked_and_star_means_any() {

@@ -56,6 +56,7 @@ pub mod http;
 pub mod metrics;
 pub mod ratelimit;
 pub mod server;
+pub mod telemetry;
 
 pub use error::{Error, ErrorCode, Result};
 

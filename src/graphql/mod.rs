@@ -5,7 +5,7 @@ mod checks;
 mod error;
 mod schema;
 mod subscription;
-mod ws;
+pub(crate) mod ws;
 
 use async_graphql::Schema;
 use async_graphql_axum::GraphQLResponse;
@@ -61,7 +61,16 @@ fn request_error(e: Error) -> axum::response::Response {
     (crate::http::error::status(code), axum::Json(body)).into_response()
 }
 
-async fn graphql(State(app): State<AppRef>, req: axum::extract::Request) -> axum::response::Response {
+#[utoipa::path(post, path = "/graphql", tag = "graphql", security((), ("bearer" = [])),
+    request_body(content = crate::http::openapi::GraphqlRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "A GraphQL response; errors in `errors[].extensions.code`", body = crate::http::openapi::GraphqlResponse),
+        (status = 413, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
+pub(crate) async fn graphql(
+    State(app): State<AppRef>,
+    req: axum::extract::Request,
+) -> axum::response::Response {
     let (parts, body) = req.into_parts();
     let caller: CallerResult = match presented_key(&parts) {
         Ok(key) => match app.authenticate(key.as_deref()).await {
@@ -151,7 +160,8 @@ fn build_schema_cached() -> &'static AgentSchema {
 /// GraphiQL, pointed at `/graphql` and `/graphql/ws`. A static page rather than
 /// async-graphql's `graphiql` feature: that renders the same page through handlebars,
 /// which cost the first build about 17 s of compiling on the critical path.
-async fn graphiql() -> impl IntoResponse {
+#[utoipa::path(get, path = "/graphql", tag = "graphql", responses((status = 200, description = "GraphiQL", content_type = "text/html", body = String)))]
+pub(crate) async fn graphiql() -> impl IntoResponse {
     Html(include_str!("graphiql.html"))
 }
 
@@ -178,7 +188,14 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
 ];
 
 /// `GET /graphql/assets/{name}`: one of [`ASSETS`], or `404 NOT-FOUND`.
-async fn graphiql_asset(axum::extract::Path(name): axum::extract::Path<String>) -> axum::response::Response {
+#[utoipa::path(get, path = "/graphql/assets/{name}", tag = "graphql", params(("name" = String, Path, description = "An asset of GraphiQL's page")),
+    responses(
+        (status = 200, description = "The asset", content_type = "text/javascript", body = String),
+        (status = 404, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
+pub(crate) async fn graphiql_asset(
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> axum::response::Response {
     use axum::http::header;
     match ASSETS.iter().find(|(n, _, _)| *n == name) {
         Some((_, content_type, body)) => (

@@ -110,6 +110,8 @@ impl Subscription {
         let mut opening: Vec<Value> =
             enc.as_ref().map(|e| e.open().iter().filter_map(|o| o.to_json()).collect()).unwrap_or_default();
         let filter = Filter::new(types, child_id).gql()?;
+        let delivery = app.metrics.subscription(crate::metrics::Transport::GRAPHQL_WS);
+        let traced = app.clone();
         let events = events(Tail::new(app.live.clone(), who, run.run_id, after)).filter_map(move |mut g| {
             let e = g.event();
             let encoded = enc.as_mut().map(|enc| {
@@ -118,6 +120,10 @@ impl Subscription {
                 items
             });
             let keep = filter.keeps(e);
+            if keep {
+                delivery.delivered(e);
+                traced.traces.delivered(&e.run_id, e.seq, "graphql_ws");
+            }
             g.encoded = encoded;
             futures::future::ready(keep.then_some(g))
         });
@@ -155,10 +161,14 @@ impl Subscription {
         let start = view.seq;
         let finished = ended(&run, start);
         let first = snapshot.then(|| ViewUpdate::snapshot(Arc::new(view.clone())));
+        let delivery = app.metrics.subscription(crate::metrics::Transport::GRAPHQL_WS);
+        let traced = app.clone();
         let live = batches(Tail::new(app.live.clone(), who, run.run_id, start))
-            .scan(view, |view, batch| {
+            .scan(view, move |view, batch| {
                 let mut out = vec![];
                 for e in batch.events() {
+                    delivery.delivered(e);
+                    traced.traces.delivered(&e.run_id, e.seq, "graphql_ws");
                     let change = view.apply(e);
                     out.extend(updates(view, e.seq, change));
                 }

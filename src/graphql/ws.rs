@@ -83,7 +83,13 @@ fn init_key(payload: &serde_json::Value) -> Option<String> {
 }
 
 /// `GET /graphql/ws`: subscriptions over WebSocket (see the module docs).
-pub(super) async fn graphql_ws(
+#[utoipa::path(get, path = "/graphql/ws", tag = "graphql",
+    params(("Sec-WebSocket-Protocol" = String, Header, description = "`graphql-transport-ws` or `graphql-ws`")),
+    responses(
+        (status = 101, description = "Switching to the WebSocket protocol; the key goes in `connection_init`"),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
+pub(crate) async fn graphql_ws(
     State(app): State<AppRef>,
     headers: axum::http::HeaderMap,
     upgrade: WebSocketUpgrade,

@@ -73,6 +73,22 @@ fn text_of(content: &Value) -> String {
 }
 
 /// `POST /v1/agui`
+#[utoipa::path(post, path = "/v1/agui", tag = "clients", security(("bearer" = [])),
+    request_body(content = Object, content_type = "application/json",
+        description = "AG-UI's `RunAgentInput`: `threadId` (the run id), new user `messages` (appended once), `resume` entries deciding a pending plan"),
+    responses(
+        (status = 200, description = "The run as AG-UI events (`agui` dialect over SSE)", content_type = "text/event-stream", body = String),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 409, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 413, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 415, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 422, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 429, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn run(
     State(app): State<AppRef>,
     Caller(who): Caller,

@@ -63,6 +63,22 @@ fn new_user_message(req: &ChatRequest) -> Option<UserMessage> {
 }
 
 /// `POST /v1/chat`
+#[utoipa::path(post, path = "/v1/chat", tag = "clients", security(("bearer" = [])),
+    request_body(content = Object, content_type = "application/json",
+        description = "The AI SDK `DefaultChatTransport`'s body: `id` (the run id), `messages` (UI messages), `trigger` (`submit-message` appends the last user message once)"),
+    responses(
+        (status = 200, description = "The run as the AI SDK's UI message stream (`vercel` dialect over SSE), live until it ends", content_type = "text/event-stream", body = String),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 409, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 413, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 415, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 422, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 429, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn send(
     State(app): State<AppRef>,
     Caller(who): Caller,
@@ -79,6 +95,18 @@ pub(crate) async fn send(
 }
 
 /// `GET /v1/chat/{run_id}/stream`
+#[utoipa::path(get, path = "/v1/chat/{run_id}/stream", tag = "clients", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "The run id (a ULID)"), ("Last-Event-ID" = Option<String>, Header, description = "Resume after this stream position")),
+    responses(
+        (status = 200, description = "The run's `vercel` stream (the SDK's `resumeStream`)", content_type = "text/event-stream", body = String),
+        (status = 204, description = "The run has ended: nothing to resume"),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 416, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn resume(
     State(app): State<AppRef>,
     Caller(who): Caller,

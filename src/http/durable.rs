@@ -42,11 +42,14 @@ const NEXT_OFFSET: &str = "stream-next-offset";
 const UP_TO_DATE: &str = "stream-up-to-date";
 const CLOSED: &str = "stream-closed";
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct DurableParams {
+    /// Where to read from: `-1` (the start), an offset this service sent, or `now`.
     #[serde(default)]
     offset: Option<String>,
+    /// `long-poll` or `sse` to wait for new events; absent for catch-up.
     #[serde(default)]
     live: Option<String>,
     /// Echoed by clients for CDN request collapsing; not used.
@@ -84,6 +87,18 @@ fn parse_offset(s: Option<&str>, last: i64) -> Result<i64> {
 }
 
 /// `GET /v1/durable/runs/{run_id}?offset=&live=`
+#[utoipa::path(get, path = "/v1/durable/runs/{run_id}", tag = "clients", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "The run id (a ULID)"), DurableParams, ("If-None-Match" = Option<String>, Header, description = "An `ETag` of this range: `304` when it is unchanged")),
+    responses(
+        (status = 200, description = "Durable Streams JSON mode: a JSON array of events, with `Stream-Next-Offset` (and `Stream-Up-To-Date`, `Stream-Closed`); with `live=sse`, `data` and `control` events", body = Vec<crate::http::openapi::Event>),
+        (status = 204, description = "A long-poll that saw no commit in time (`Stream-Next-Offset` unchanged)"),
+        (status = 304, description = "Unchanged since the `ETag` sent"),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn read(
     State(app): State<AppRef>,
     Caller(who): Caller,

@@ -16,6 +16,7 @@ pub fn status(code: ErrorCode) -> StatusCode {
         AuthMissing | AuthInvalid => StatusCode::UNAUTHORIZED,
         AuthScope => StatusCode::FORBIDDEN,
         RunNotFound | NotFound => StatusCode::NOT_FOUND,
+        MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         RunClosed | SeqConflict | IdempotencyMismatch | AlreadyExists | PlanNotPending => {
             StatusCode::CONFLICT
         }

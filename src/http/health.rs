@@ -12,6 +12,11 @@ use crate::app::AppRef;
 
 /// `GET /readyz`: 200 when the database answers within 2 s and the LISTEN connection
 /// is up; 503 naming what is down otherwise (load balancers stop sending traffic).
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = crate::http::openapi::Readiness),
+        (status = 503, description = "Not ready: what is down", body = crate::http::openapi::Readiness),
+    ))]
 pub(crate) async fn ready(State(app): State<AppRef>) -> Response {
     let db = tokio::time::timeout(Duration::from_secs(2), async {
         let c = app.db.pool.get().await.ok()?;
@@ -26,7 +31,15 @@ pub(crate) async fn ready(State(app): State<AppRef>) -> Response {
     (status, Json(json!({"ready": db && listener, "database": db, "listener": listener}))).into_response()
 }
 
-/// `GET /metrics`: Prometheus text format.
+/// `GET /metrics`: the OpenMetrics text format (Prometheus reads it).
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus metrics (OpenMetrics text)", content_type = "application/openmetrics-text", body = String)))]
 pub(crate) async fn metrics(State(app): State<AppRef>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render(&app)).into_response()
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], crate::metrics::render(&app)).into_response()
+}
+
+/// `GET /healthz`: the process answers (liveness; no database involved).
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "`ok`", body = String)))]
+pub(crate) async fn alive() -> &'static str {
+    "ok"
 }

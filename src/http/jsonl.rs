@@ -18,18 +18,23 @@ use crate::storage::events::Filter;
 
 const JSONL: &str = "application/x-ndjson";
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ExportParams {
+    /// First seq (inclusive).
     #[serde(default)]
     from_seq: Option<i64>,
+    /// Last seq (inclusive).
     #[serde(default)]
     to_seq: Option<i64>,
+    /// Only this child's events.
     #[serde(default)]
     child_id: Option<String>,
     /// Comma-separated types.
     #[serde(default)]
     types: Option<String>,
+    /// The dialect: native (default; lines are the stored envelope) or another.
     #[serde(default)]
     format: Option<String>,
 }
@@ -64,6 +69,17 @@ where
 use futures::{FutureExt, StreamExt};
 
 /// `GET /v1/runs/{run_id}/events.jsonl[?from_seq=][&to_seq=][&child_id=][&types=a,b][&format=]`
+#[utoipa::path(get, path = "/v1/runs/{run_id}/events.jsonl", tag = "jsonl", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "The run id (a ULID)"), ExportParams),
+    responses(
+        (status = 200, description = "The run's log as JSONL; a native export ends with its `export_end` line", content_type = "application/x-ndjson", body = String),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 416, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn export(
     State(app): State<AppRef>,
     Caller(who): Caller,
@@ -87,11 +103,14 @@ pub(crate) async fn export(
     Ok(streamed(move |tx| export_run(app, who, run, opts, tx).boxed()))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct TenantParams {
+    /// Events stored at or after this time (RFC 3339).
     #[serde(default)]
     since: Option<String>,
+    /// Events stored before this time (RFC 3339).
     #[serde(default)]
     until: Option<String>,
 }
@@ -110,6 +129,14 @@ fn time(name: &str, v: Option<&str>) -> Result<Option<DateTime<Utc>>> {
 
 /// `GET /v1/events.jsonl[?since=][&until=]`: every event of the caller's tenant stored
 /// in `[since, until)`, by run and seq.
+#[utoipa::path(get, path = "/v1/events.jsonl", tag = "jsonl", security(("bearer" = [])), params(TenantParams),
+    responses(
+        (status = 200, description = "Every event of the tenant in [since, until), by run and seq, as JSONL", content_type = "application/x-ndjson", body = String),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn export_all(
     State(app): State<AppRef>,
     Caller(who): Caller,
@@ -125,6 +152,19 @@ pub(crate) async fn export_all(
 }
 
 /// `POST /v1/runs/import` with an export (JSONL): a new run with the same log.
+#[utoipa::path(post, path = "/v1/runs/import", tag = "jsonl", security(("bearer" = [])),
+    request_body(content = String, content_type = "application/x-ndjson", description = "A native JSONL export"),
+    responses(
+        (status = 201, description = "The new run", body = crate::http::openapi::Run),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 413, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 415, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 422, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 429, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn import(
     State(app): State<AppRef>,
     Caller(who): Caller,

@@ -16,15 +16,23 @@ use crate::error::{Error, ErrorCode};
 use crate::storage::db::tenant_tx;
 use crate::storage::tenants;
 
-#[derive(Deserialize)]
+/// A new key's scopes (`read`, `write`, `admin`) and an optional label.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NewKey {
+pub(crate) struct NewKey {
     scopes: Vec<String>,
     #[serde(default)]
     label: Option<String>,
 }
 
 /// `GET /v1/keys`: the tenant's keys (ids, scopes, labels, dates; never secrets).
+#[utoipa::path(get, path = "/v1/keys", tag = "keys", security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The tenant's keys (never secrets)", body = crate::http::openapi::KeyList),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn list(
     State(app): State<AppRef>,
     Caller(who): Caller,
@@ -38,6 +46,16 @@ pub(crate) async fn list(
 }
 
 /// `POST /v1/keys` with `{"scopes": ["read", …], "label": "…"}`: a new key, shown once.
+#[utoipa::path(post, path = "/v1/keys", tag = "keys", security(("bearer" = [])), request_body = NewKey,
+    responses(
+        (status = 201, description = "The new key, its secret shown once", body = crate::http::openapi::NewKeyAnswer),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 413, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 415, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn create(
     State(app): State<AppRef>,
     Caller(who): Caller,
@@ -85,6 +103,15 @@ pub(crate) async fn create(
 
 /// `DELETE /v1/keys/{key_id}`: revokes one of the tenant's keys (open streams using it
 /// close within 5 s).
+#[utoipa::path(delete, path = "/v1/keys/{key_id}", tag = "keys", security(("bearer" = [])),
+    params(("key_id" = String, Path, description = "The key's id: the 12 hex digits after `ask_`")),
+    responses(
+        (status = 204, description = "Revoked"),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn revoke(
     State(app): State<AppRef>,
     Caller(who): Caller,

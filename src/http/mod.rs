@@ -9,6 +9,7 @@ pub mod extract;
 mod health;
 mod jsonl;
 mod keys;
+pub mod openapi;
 mod replay;
 mod runs;
 mod sse;
@@ -33,10 +34,12 @@ static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub fn router(app: AppRef) -> Router {
     let cors = cors(&app.settings.cors_origins);
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(health::alive))
         .route("/readyz", get(health::ready))
         .route("/metrics", get(health::metrics))
-        .route("/v1/runs", post(runs::create))
+        .route("/openapi.json", get(openapi::openapi_json))
+        .route("/schema/events.json", get(openapi::events_schema))
+        .route("/v1/runs", post(runs::create).get(runs::list_runs))
         .route("/v1/runs/{run_id}", get(runs::get))
         .route("/v1/runs/{run_id}/events", post(runs::append).get(runs::list))
         .route("/v1/runs/{run_id}/view", get(runs::view))
@@ -52,18 +55,28 @@ pub fn router(app: AppRef) -> Router {
         .route("/v1/chat", post(chat::send))
         .route("/v1/chat/{run_id}/stream", get(chat::resume))
         .merge(crate::graphql::routes())
+        // After every route: axum gives this to the routes present when it is called.
+        .method_not_allowed_fallback(|method: Method| async move {
+            error::HttpError::from(Error::reject(
+                ErrorCode::MethodNotAllowed,
+                format!("this route does not answer {method}; the Allow header lists the methods it does"),
+            ))
+        })
         .fallback(|| async { error::HttpError::from(Error::reject(ErrorCode::NotFound, "no such route; see the README for the API")) })
-        .with_state(app)
+        .with_state(app.clone())
         .layer(axum::middleware::from_fn(extract::refuse_nul_in_uri))
+        .layer(axum::middleware::from_fn(move |req, next| count_request(app.clone(), req, next)))
         .layer(cors)
         .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
         .layer(
             // Log method and path only: query strings may carry `access_token`.
             TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
                 let id = req.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("-");
-                tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
+                let span = tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id);
+                crate::telemetry::continue_trace(&span, req.headers());
+                span
             })
-            .on_response(DefaultOnResponse::new().level(Level::INFO)),
+            .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
         )
         .layer(SetRequestIdLayer::new(REQUEST_ID.clone(), MakeRequestUuid))
 }
@@ -86,4 +99,32 @@ fn cors(origins: &Option<Vec<String>>) -> CorsLayer {
         ])
         .expose_headers([REQUEST_ID.clone()])
         .max_age(Duration::from_secs(600))
+}
+
+/// Counts a request by its matched route template (never the raw path: ids would make a
+/// series per run), method and status, with the time to the response's head.
+async fn count_request(
+    app: AppRef,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let started = std::time::Instant::now();
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = match *req.method() {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    };
+    let resp = next.run(req).await;
+    let labels = crate::metrics::HttpRequest { route, method, status: resp.status().as_u16() };
+    app.metrics.http_requests.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+    resp
 }

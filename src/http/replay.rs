@@ -26,13 +26,17 @@ const MAX_SPEED: f64 = 10_000.0;
 /// Events read per page.
 const PAGE: i64 = 500;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ReplayParams {
+    /// Pace: N times the recorded pace, > 0 and at most 10000 (default 1).
     #[serde(default)]
     speed: Option<f64>,
+    /// Resume after this stream position (`Last-Event-ID` wins).
     #[serde(default)]
     after_seq: Option<String>,
+    /// The dialect: native (default), multica, chunks, hier, typed, agui or vercel.
     #[serde(default)]
     format: Option<String>,
 }
@@ -93,6 +97,18 @@ impl Source for Paced {
 }
 
 /// `GET /v1/runs/{run_id}/replay[?speed=N][&format=][&after_seq=]`
+#[utoipa::path(get, path = "/v1/runs/{run_id}/replay", tag = "live", security(("bearer" = []), ("access_token" = [])),
+    params(("run_id" = String, Path, description = "The run id (a ULID)"), ReplayParams, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this stream position (wins over `after_seq`)")),
+    responses(
+        (status = 200, description = "The stored run as Server-Sent Events, paced", content_type = "text/event-stream", body = String),
+        (status = 204, description = "Nothing is after the cursor"),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 416, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn replay(
     State(app): State<AppRef>,
     Caller(who): Caller,

@@ -31,13 +31,17 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::live::shed::{drops, Shedder};
 use crate::live::{Batch, Tail};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StreamParams {
+    /// Resume after this stream position: a seq, or an `id:` this service sent (`Last-Event-ID` wins).
     #[serde(default)]
     after_seq: Option<String>,
+    /// `default` merges deltas per lane (at most 10 delta frames a second per run); `full` sends every item as it is.
     #[serde(default)]
     detail: Option<String>,
+    /// The dialect: native (default), multica, chunks, hier, typed, agui or vercel.
     #[serde(default)]
     format: Option<String>,
 }
@@ -62,6 +66,18 @@ pub(super) fn resume_point(headers: &HeaderMap, after_seq: Option<&str>) -> Resu
 }
 
 /// `GET /v1/runs/{run_id}/stream[?after_seq=N][&detail=full][&format=]`
+#[utoipa::path(get, path = "/v1/runs/{run_id}/stream", tag = "live", security(("bearer" = []), ("access_token" = [])),
+    params(("run_id" = String, Path, description = "The run id (a ULID)"), StreamParams, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this stream position (wins over `after_seq`)")),
+    responses(
+        (status = 200, description = "Server-Sent Events in the chosen dialect", content_type = "text/event-stream", body = String),
+        (status = 204, description = "The run has ended and nothing is after the cursor"),
+        (status = 400, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 401, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 403, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 404, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 416, description = "error", body = crate::http::openapi::ErrorBody),
+        (status = 503, description = "error", body = crate::http::openapi::ErrorBody),
+    ))]
 pub(crate) async fn stream(
     State(app): State<AppRef>,
     Caller(who): Caller,
@@ -94,8 +110,33 @@ pub(crate) async fn stream(
     let base = cursor.complete_seq();
     let enc = app.encoding(&who, &run, format, base).await?;
     let shedding = app.settings.shedding;
-    let tail = Tail::new(app.live.clone(), who, run.run_id, base);
+    let delivery = app.metrics.subscription(crate::metrics::Transport::SSE);
+    let tail = Live { tail: Tail::new(app.live.clone(), who, run.run_id, base), delivery, app: app.clone() };
     Ok(sse_response(Sending::new(tail, enc, raw, Shedder::new(shedding, !ended), &cursor), format))
+}
+
+/// A live stream's source: the tail, with its deliveries recorded in the metrics.
+struct Live {
+    tail: Tail,
+    delivery: crate::metrics::Delivery,
+    app: AppRef,
+}
+
+impl Source for Live {
+    fn note_dropped(&self, n: u64) {
+        self.tail.note_dropped(n);
+    }
+    async fn next_batch(&mut self) -> Option<Batch> {
+        let batch = self.tail.next_batch().await?;
+        for e in batch.events() {
+            self.delivery.delivered(e);
+            self.app.traces.delivered(&e.run_id, e.seq, "sse");
+        }
+        Some(batch)
+    }
+    fn behind(&self) -> i64 {
+        self.tail.behind()
+    }
 }
 
 /// The SSE response for a stream, with the dialect's headers.

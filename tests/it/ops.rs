@@ -10,11 +10,176 @@ use serde_json::{json, Value};
 
 use crate::common::TestApp;
 
+/// The sum of a metric's samples whose labels include every pair of `labels` (all of a
+/// family's series with none); 0 for a family with no series yet.
+fn metric_with(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let mut found = text.lines().any(|l| l.starts_with(&format!("# TYPE {name} ")));
+    let mut sum = 0.0;
+    for l in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = l.strip_prefix(name) else { continue };
+        let (labelled, value) = match rest.strip_prefix('{') {
+            Some(r) => r.split_once("} ").unwrap_or(("", "")),
+            None => match rest.strip_prefix(' ') {
+                Some(v) => ("", v),
+                None => continue,
+            },
+        };
+        if labels.iter().all(|(k, v)| labelled.split(',').any(|p| p == format!("{k}=\"{v}\""))) {
+            sum += value.trim().parse::<f64>().unwrap_or_else(|_| panic!("bad sample `{l}`"));
+            found = true;
+        }
+    }
+    assert!(found, "no metric {name} {labels:?} in\n{text}");
+    sum
+}
+
 fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
+    metric_with(text, name, &[])
+}
+
+async fn scrape(t: &TestApp) -> String {
+    let r = t.http.get(format!("{}/metrics", t.base)).send().await.expect("metrics");
+    let ct = r.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
+    r.text().await.expect("text")
+}
+
+/// Every line of the exposition is a comment or `name{labels} value` with a number, and
+/// it ends with `# EOF` (OpenMetrics).
+fn check_exposition(text: &str) {
+    assert_eq!(text.lines().last(), Some("# EOF"));
+    for l in text.lines().filter(|l| !l.starts_with('#')) {
+        let (series, value) = l.rsplit_once(' ').unwrap_or_else(|| panic!("`{l}`"));
+        assert!(value == "+Inf" || value.parse::<f64>().is_ok(), "`{l}`");
+        let name = series.split('{').next().unwrap_or_default();
+        assert!(
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "`{l}`"
+        );
+        assert!(series.ends_with('}') || !series.contains('{'), "`{l}`");
+    }
+}
+
+#[tokio::test]
+async fn metrics_histograms_move_with_appends_deliveries_and_requests() {
+    use futures::SinkExt;
+    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+    let t = TestApp::new().await;
+    let before = scrape(&t).await;
+    check_exposition(&before);
+    for name in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(metric(&before, name) > 0.0, "{name}");
+    }
+    assert_eq!(
+        metric_with(&before, "agent_stream_build_info", &[("version", env!("CARGO_PKG_VERSION"))]),
+        1.0
+    );
+
+    let run = t.create_run(&t.key_a).await;
+    // One subscriber on each transport.
+    let sse = t
+        .http
+        .get(format!("{}/v1/runs/{run}/stream?detail=full", t.base))
+        .bearer_auth(&t.key_a)
+        .send()
+        .await
+        .expect("stream");
+    let mut sse = sse.bytes_stream();
+    let mut req =
+        format!("{}/graphql/ws", t.base.replace("http://", "ws://")).into_client_request().expect("req");
+    req.headers_mut().insert("Sec-WebSocket-Protocol", "graphql-transport-ws".parse().expect("header"));
+    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.expect("ws");
+    let init =
+        json!({"type": "connection_init", "payload": {"Authorization": format!("Bearer {}", t.key_a)}});
+    ws.send(Message::Text(init.to_string().into())).await.expect("init");
+    let sub = json!({"id": "1", "type": "subscribe", "payload": {"query": "subscription($r: ID!) { runEvents(runId: $r) { seq } }", "variables": {"r": run}}});
+    ws.send(Message::Text(sub.to_string().into())).await.expect("subscribe");
+    let mut subscribed = false;
+    for _ in 0..100 {
+        let m = scrape(&t).await;
+        if metric_with(&m, "agent_stream_subscribers", &[("transport", "sse")]) == 1.0
+            && metric_with(&m, "agent_stream_subscribers", &[("transport", "graphql_ws")]) == 1.0
+        {
+            subscribed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(subscribed, "both subscribers counted by transport");
+
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "done"}}])).await;
+    // Both read to the run's end.
+    let mut text = String::new();
+    while !text.contains("\"done\"") {
+        let chunk =
+            tokio::time::timeout(Duration::from_secs(10), sse.next()).await.expect("sse").expect("more");
+        text.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+    }
+    let mut seqs = 0;
+    while seqs < 2 {
+        match tokio::time::timeout(Duration::from_secs(10), ws.next()).await.expect("ws").expect("open") {
+            Ok(Message::Text(m)) if m.contains("\"next\"") => seqs += 1,
+            Ok(_) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let (status, _) = t.append(&t.key_a, &run, &json!([{"type": "nope"}])).await;
+    assert!(status.is_client_error());
+
+    let after = scrape(&t).await;
+    check_exposition(&after);
+    let count = |name: &str, labels: &[(&str, &str)]| metric_with(&after, &format!("{name}_count"), labels);
+    assert_eq!(count("agent_stream_append_duration_seconds", &[("outcome", "written")]), 2.0);
+    assert!(metric_with(&after, "agent_stream_append_duration_seconds_sum", &[("outcome", "written")]) > 0.0);
+    assert_eq!(metric(&after, "agent_stream_commit_group_size_count"), 2.0);
+    assert_eq!(metric_with(&after, "agent_stream_commit_group_size_bucket", &[("le", "1.0")]), 2.0);
+    assert_eq!(count("agent_stream_delivery_latency_seconds", &[("transport", "sse")]), 2.0);
+    assert_eq!(count("agent_stream_delivery_latency_seconds", &[("transport", "graphql_ws")]), 2.0);
+    assert!(metric(&after, "agent_stream_notification_lag_seconds_count") >= 1.0);
+    // Requests by the route's template, never the raw path.
+    let appends = [("route", "/v1/runs/{run_id}/events"), ("method", "POST")];
+    assert_eq!(
+        count("agent_stream_http_request_duration_seconds", &[appends[0], appends[1], ("status", "201")]),
+        2.0
+    );
+    assert_eq!(
+        count("agent_stream_http_request_duration_seconds", &[appends[0], appends[1], ("status", "422")]),
+        1.0
+    );
+    assert!(!after.contains(&run), "no run id in any label");
+    assert!(
+        count("agent_stream_http_request_duration_seconds", &[("route", "/metrics"), ("status", "200")])
+            >= 1.0
+    );
+    let _ = t.http.get(format!("{}/no/such/thing", t.base)).send().await.expect("send");
+    let last = scrape(&t).await;
+    assert_eq!(
+        metric_with(
+            &last,
+            "agent_stream_http_request_duration_seconds_count",
+            &[("route", "unmatched"), ("status", "404")]
+        ),
+        1.0
+    );
+    drop(ws);
+    drop(sse);
+    let mut gone = false;
+    for _ in 0..100 {
+        let m = scrape(&t).await;
+        if metric(&m, "agent_stream_subscribers") == 0.0 {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(gone, "closed subscriptions are no longer counted");
 }
 
 #[tokio::test]

@@ -81,6 +81,8 @@ pub enum ErrorCode {
     CursorBeyondEnd,
     /// The route does not exist.
     NotFound,
+    /// The route exists but not with this method (the `Allow` header lists those it has).
+    MethodNotAllowed,
     /// A tenant or key with that name already exists.
     AlreadyExists,
     /// The tenant's append rate limit is reached; retry after `Retry-After`.
@@ -96,6 +98,51 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code, in the order of the README's table.
+    pub const ALL: [ErrorCode; 41] = [
+        ErrorCode::AuthMissing,
+        ErrorCode::AuthInvalid,
+        ErrorCode::AuthScope,
+        ErrorCode::RunNotFound,
+        ErrorCode::RunClosed,
+        ErrorCode::SeqConflict,
+        ErrorCode::BodyMalformed,
+        ErrorCode::UnsupportedMediaType,
+        ErrorCode::BodyTooLarge,
+        ErrorCode::BatchEmpty,
+        ErrorCode::BatchTooLarge,
+        ErrorCode::EventMalformed,
+        ErrorCode::UnknownType,
+        ErrorCode::InvalidPayload,
+        ErrorCode::EventTooLarge,
+        ErrorCode::NumberUnstorable,
+        ErrorCode::Reserved,
+        ErrorCode::ToolUnknownCall,
+        ErrorCode::ToolDuplicateCall,
+        ErrorCode::ToolCallEnded,
+        ErrorCode::MessageUnknown,
+        ErrorCode::MessageDuplicate,
+        ErrorCode::MessageEnded,
+        ErrorCode::MessageTextMismatch,
+        ErrorCode::LifecycleIllegal,
+        ErrorCode::ChildUnknown,
+        ErrorCode::ChildDuplicate,
+        ErrorCode::PlanNotPending,
+        ErrorCode::KeyRepeated,
+        ErrorCode::IdempotencyMismatch,
+        ErrorCode::TextNul,
+        ErrorCode::InvalidParameter,
+        ErrorCode::CursorBeyondEnd,
+        ErrorCode::NotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::AlreadyExists,
+        ErrorCode::RateLimited,
+        ErrorCode::SubscriptionsLimit,
+        ErrorCode::SocketsLimit,
+        ErrorCode::Unavailable,
+        ErrorCode::Internal,
+    ];
+
     /// The stable wire form of the code.
     pub fn as_str(self) -> &'static str {
         use ErrorCode::*;
@@ -134,6 +181,7 @@ impl ErrorCode {
             InvalidParameter => "PARAM-INVALID",
             CursorBeyondEnd => "CURSOR-BEYOND-END",
             NotFound => "NOT-FOUND",
+            MethodNotAllowed => "METHOD-NOT-ALLOWED",
             AlreadyExists => "ALREADY-EXISTS",
             RateLimited => "RATE-LIMITED",
             SubscriptionsLimit => "SUBSCRIPTIONS-LIMIT",

@@ -355,7 +355,7 @@ async fn listen_once(
             if known {
                 if let Some(Ok(sent)) = parts.next().map(str::parse::<i64>) {
                     let lag = chrono::Utc::now().timestamp_millis().saturating_sub(sent).max(0);
-                    metrics.notify_lag(lag as u64);
+                    metrics.notify_lag(std::time::Duration::from_millis(lag as u64));
                 }
             }
         }

@@ -188,17 +188,42 @@ impl RawEvent {
         use std::io::Write;
         let s = |v: &str| serde_json::to_string(v).unwrap_or_default();
         let child = self.child_id.as_deref().map_or_else(|| "null".to_owned(), s);
-        let _ = writeln!(
+        let _ = write!(
             out,
-            r#"{{"id":{},"ts":"{}","type":{},"run_id":{},"child_id":{},"seq":{},"payload":{}}}"#,
+            r#"{{"id":{},"ts":"{}","type":{},"run_id":{},"child_id":{},"seq":{},"payload":"#,
             s(&self.id),
             self.ts.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             s(&self.type_name),
             s(&self.run_id),
             child,
             self.seq,
-            self.payload
         );
+        compact_json(self.payload.as_bytes(), out);
+        out.extend_from_slice(b"}\n");
+    }
+}
+
+/// Copies JSON text without the whitespace between tokens: PostgreSQL prints jsonb as
+/// `{"a": 1, "b": [2, 3]}`, every other surface as `{"a":1,"b":[2,3]}`. The input is
+/// valid JSON (jsonb's output), so only strings need care: whitespace inside them stays.
+pub fn compact_json(json: &[u8], out: &mut Vec<u8>) {
+    out.reserve(json.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in json {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else if b == b'"' {
+            in_string = true;
+        } else if matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+            continue;
+        }
+        out.push(b);
     }
 }
 
@@ -267,4 +292,20 @@ pub async fn page(
     let evs = read_after(&tx, tenant, &run.run_id, after_seq, limit, filter).await?;
     tx.commit().await?;
     Ok((run, evs))
+}
+
+#[cfg(test)]
+mod compact_tests {
+    use super::compact_json;
+
+    #[test]
+    fn compacts_jsonb_text_and_leaves_strings_alone() {
+        let jsonb = r#"{"a": 1, "b": [2, {"c": "x: y, z"}], "d": "q\" , \\", "e": null}"#;
+        let mut out = vec![];
+        compact_json(jsonb.as_bytes(), &mut out);
+        let out = String::from_utf8(out).expect("utf-8");
+        assert_eq!(out, r#"{"a":1,"b":[2,{"c":"x: y, z"}],"d":"q\" , \\","e":null}"#);
+        let v: serde_json::Value = serde_json::from_str(jsonb).expect("json");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&out).expect("json"), v);
+    }
 }

@@ -13,7 +13,6 @@
 //!   alone through the single-append path, which answers it exactly as it would have.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -39,6 +38,8 @@ struct Job {
     run_id: String,
     batch: Batch,
     reply: oneshot::Sender<Result<AppendOutcome>>,
+    /// The append's span: the group's `commit` span is its child (or follows from it).
+    span: tracing::Span,
 }
 
 /// The lanes of a process.
@@ -72,7 +73,13 @@ impl GroupCommit {
             (h.finish() % self.lanes.len() as u64) as usize
         };
         let (reply, answer) = oneshot::channel();
-        let job = Job { tenant: tenant.to_owned(), run_id, batch: batch.clone(), reply };
+        let job = Job {
+            tenant: tenant.to_owned(),
+            run_id,
+            batch: batch.clone(),
+            reply,
+            span: tracing::Span::current(),
+        };
         self.lanes[lane]
             .send(job)
             .await
@@ -121,11 +128,24 @@ async fn commit_group(db: &Db, guards: &Guards, metrics: &Metrics, tenant: &str,
     for r in &runs {
         slots.push(guards.slot(tenant, r).lock_owned().await);
     }
-    let result = try_group(db, tenant, &runs, &mut slots, jobs).await;
+    // One transaction for every append of the group: in the first one's trace, linked
+    // from the others'.
+    let span =
+        tracing::info_span!(parent: jobs.first().and_then(|j| j.span.id()), "commit", appends = jobs.len());
+    for j in jobs.iter().skip(1) {
+        span.follows_from(j.span.id());
+    }
+    let result = {
+        use tracing::Instrument;
+        try_group(db, tenant, &runs, &mut slots, jobs).instrument(span).await
+    };
     drop(slots);
     match result {
         Ok((answers, groups)) => {
-            metrics.commit_groups.fetch_add(groups, Relaxed);
+            if groups > 0 {
+                let written = answers.iter().filter(|(_, a)| a.as_ref().is_ok_and(|o| !o.replayed)).count();
+                metrics.committed_group(written as u64);
+            }
             for (reply, answer) in answers {
                 let _ = reply.send(answer);
             }
@@ -135,7 +155,7 @@ async fn commit_group(db: &Db, guards: &Guards, metrics: &Metrics, tenant: &str,
             for j in jobs {
                 let out = super::append(db, guards, &j.tenant, &j.run_id, &j.batch, Origin::Producer).await;
                 if out.as_ref().is_ok_and(|o| !o.replayed) {
-                    metrics.commit_groups.fetch_add(1, Relaxed);
+                    metrics.committed_group(1);
                 }
                 let _ = j.reply.send(out);
             }

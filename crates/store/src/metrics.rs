@@ -1,11 +1,61 @@
-//! A process's counters: plain atomics bumped where things happen (the store's group
-//! commit, live delivery, the service's operations). The service renders them at
-//! `GET /metrics`.
+//! A process's metrics: plain atomics for the counters bumped on hot paths, and
+//! `prometheus-client` histograms and labelled families for what needs a distribution
+//! or a label. The layers record where things happen (the store's group commit, live
+//! delivery, the service's operations); the service renders them at `GET /metrics`.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use agent_stream_core::domain::Event;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+
+/// How an append ended (the `outcome` label).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Outcome {
+    /// `written`, `replayed` or `rejected`.
+    pub outcome: &'static str,
+}
+
+/// Which transport a live subscriber reads through (the `transport` label).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Transport {
+    /// `sse` or `graphql_ws`.
+    pub transport: &'static str,
+}
+
+impl Transport {
+    /// Server-Sent Events (`GET /v1/runs/{id}/stream`).
+    pub const SSE: Transport = Transport { transport: "sse" };
+    /// GraphQL subscriptions over WebSocket.
+    pub const GRAPHQL_WS: Transport = Transport { transport: "graphql_ws" };
+}
+
+/// One HTTP request's labels: the matched route template (never the raw path, whose
+/// ids would make a series per run), the method and the status.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpRequest {
+    /// E.g. `/v1/runs/{run_id}/events`; `unmatched` for a path no route has.
+    pub route: String,
+    /// The method; `other` for one outside the standard ones.
+    pub method: &'static str,
+    /// The status code.
+    pub status: u16,
+}
+
+/// Latency buckets in seconds: 100 µs to about 54 s, doubling.
+fn latency() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 20))
+}
+
+/// Group sizes: 1, 2, 4, ... 1024 appends per transaction.
+fn sizes() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 11))
+}
 
 /// Counters and gauges of one process.
-#[derive(Default)]
 pub struct Metrics {
     /// Append requests that wrote (control actions and imports included).
     pub appends: AtomicU64,
@@ -23,22 +73,110 @@ pub struct Metrics {
     pub subscribers: AtomicI64,
     /// Deltas dropped for slow SSE clients.
     pub dropped_deltas: AtomicU64,
-    /// Notifications received from other processes.
+    /// Notifications this process received for runs or tenants it serves (its own
+    /// included: PostgreSQL delivers a NOTIFY to every listener, the sender's too).
     pub notifications: AtomicU64,
-    /// Milliseconds between another process's NOTIFY and its receipt here (last, max).
-    pub notify_lag_ms_last: AtomicU64,
-    /// See `notify_lag_ms_last`.
-    pub notify_lag_ms_max: AtomicU64,
     /// Transactions that committed appends, and appends they carried (the group-commit
     /// size is their ratio).
     pub commit_groups: AtomicU64,
+    /// Seconds an append took in the service, by outcome.
+    pub append_seconds: Family<Outcome, Histogram, fn() -> Histogram>,
+    /// Appends per committed transaction.
+    pub commit_group_size: Histogram,
+    /// Seconds from a NOTIFY's sending to its receipt by this process's listener.
+    pub notify_lag_seconds: Histogram,
+    /// Seconds from an event's append (its server timestamp) to its hand-over to a
+    /// subscriber's transport, by transport; events appended while it was subscribed.
+    pub delivery_seconds: Family<Transport, Histogram, fn() -> Histogram>,
+    /// Open live subscriptions, by transport.
+    pub subscribers_by: Family<Transport, Gauge>,
+    /// HTTP requests by route, method and status, with the seconds to their response's
+    /// head (a stream's whole life is not a request's latency).
+    pub http_requests: Family<HttpRequest, Histogram, fn() -> Histogram>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let m = Metrics {
+            appends: AtomicU64::default(),
+            appends_replayed: AtomicU64::default(),
+            appends_rejected: AtomicU64::default(),
+            events: AtomicU64::default(),
+            append_bytes: AtomicU64::default(),
+            rate_limited: AtomicU64::default(),
+            subscribers: AtomicI64::default(),
+            dropped_deltas: AtomicU64::default(),
+            notifications: AtomicU64::default(),
+            commit_groups: AtomicU64::default(),
+            append_seconds: Family::new_with_constructor(latency),
+            commit_group_size: sizes(),
+            notify_lag_seconds: latency(),
+            delivery_seconds: Family::new_with_constructor(latency),
+            subscribers_by: Family::default(),
+            http_requests: Family::new_with_constructor(latency),
+        };
+        // Every transport's series from the start, so a scrape shows 0 rather than nothing.
+        for t in [Transport::SSE, Transport::GRAPHQL_WS] {
+            m.subscribers_by.get_or_create(&t).set(0);
+        }
+        m
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
 }
 
 impl Metrics {
     /// Records one notification's lag.
-    pub fn notify_lag(&self, ms: u64) {
+    pub fn notify_lag(&self, lag: Duration) {
         self.notifications.fetch_add(1, Relaxed);
-        self.notify_lag_ms_last.store(ms, Relaxed);
-        self.notify_lag_ms_max.fetch_max(ms, Relaxed);
+        self.notify_lag_seconds.observe(lag.as_secs_f64());
+    }
+
+    /// Records a transaction that committed `appends` appends.
+    pub fn committed_group(&self, appends: u64) {
+        self.commit_groups.fetch_add(1, Relaxed);
+        self.commit_group_size.observe(appends as f64);
+    }
+
+    /// Records an append's time in the service by its outcome.
+    pub fn append_took(&self, outcome: &'static str, took: Duration) {
+        self.append_seconds.get_or_create(&Outcome { outcome }).observe(took.as_secs_f64());
+    }
+
+    /// A live subscription through `transport`: counted open until the value drops,
+    /// and the recorder of its deliveries.
+    pub fn subscription(self: &std::sync::Arc<Self>, transport: Transport) -> Delivery {
+        self.subscribers_by.get_or_create(&transport).inc();
+        Delivery { metrics: self.clone(), transport, since: chrono::Utc::now() }
+    }
+}
+
+/// One open subscription's share of the metrics (see [`Metrics::subscription`]).
+pub struct Delivery {
+    metrics: std::sync::Arc<Metrics>,
+    transport: Transport,
+    since: chrono::DateTime<chrono::Utc>,
+}
+
+impl Delivery {
+    /// Records `e` handed to the transport. Events from before the subscription (its
+    /// catch-up) are history, not latency, and are not recorded.
+    pub fn delivered(&self, e: &Event) {
+        // Event times are in milliseconds: compare at that precision.
+        if e.ts.timestamp_millis() < self.since.timestamp_millis() {
+            return;
+        }
+        let took = (chrono::Utc::now() - e.ts).to_std().unwrap_or_default();
+        self.metrics.delivery_seconds.get_or_create(&self.transport).observe(took.as_secs_f64());
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        self.metrics.subscribers_by.get_or_create(&self.transport).dec();
     }
 }

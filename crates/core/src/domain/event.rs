@@ -18,6 +18,7 @@ pub const CUSTOM_PREFIX: &str = "custom.";
 
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "graphql", derive(async_graphql::Enum))]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
@@ -31,6 +32,7 @@ pub enum Role {
 
 /// `run.lifecycle`: one event per state change.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Lifecycle {
     /// The state entered.
@@ -42,6 +44,7 @@ pub struct Lifecycle {
 
 /// `message.start`: a logical message (one bubble) opens.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct MessageStart {
     /// Producer-chosen id, unique within the run (or child).
@@ -52,6 +55,7 @@ pub struct MessageStart {
 
 /// `message.end`: the message is complete.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct MessageEnd {
     /// The message to end; absent means the current open message of the run or child.
@@ -67,6 +71,7 @@ pub struct MessageEnd {
 
 /// `text.delta` and `reasoning.delta`: a piece of visible text or of thinking.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Delta {
     /// The piece of text.
@@ -94,6 +99,7 @@ pub fn shared_null() -> SharedValue {
 
 /// `tool.start`: a tool invocation begins.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ToolStart {
     /// Correlates start, progress and end.
@@ -102,6 +108,7 @@ pub struct ToolStart {
     pub tool: String,
     /// The call's arguments.
     #[serde(default = "shared_null", skip_serializing_if = "is_null")]
+    #[cfg_attr(feature = "openapi", schema(value_type = serde_json::Value))]
     pub input: SharedValue,
     /// The versioned skill the call comes from, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -110,17 +117,20 @@ pub struct ToolStart {
 
 /// `tool.progress`: intermediate data from a running tool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ToolProgress {
     /// The running call.
     pub call_id: String,
     /// Whatever the tool reports.
     #[serde(default = "shared_null", skip_serializing_if = "is_null")]
+    #[cfg_attr(feature = "openapi", schema(value_type = serde_json::Value))]
     pub data: SharedValue,
 }
 
 /// `tool.end`: the invocation completed, successfully or not.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ToolEnd {
     /// The call that ended.
@@ -129,9 +139,11 @@ pub struct ToolEnd {
     pub ok: bool,
     /// The result (may be omitted on error or when large; see `blob_ref`).
     #[serde(default = "shared_null", skip_serializing_if = "is_null")]
+    #[cfg_attr(feature = "openapi", schema(value_type = serde_json::Value))]
     pub output: SharedValue,
     /// An error code or object when `ok` is false.
     #[serde(default = "shared_null", skip_serializing_if = "is_null")]
+    #[cfg_attr(feature = "openapi", schema(value_type = serde_json::Value))]
     pub error: SharedValue,
     /// Wall time of the call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -143,6 +155,7 @@ pub struct ToolEnd {
 
 /// The kinds of step seed 004 names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "graphql", derive(async_graphql::Enum))]
 #[serde(rename_all = "kebab-case")]
 pub enum StepKind {
@@ -162,6 +175,7 @@ pub enum StepKind {
 
 /// `step.boundary`: the agent finished a step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct StepBoundary {
     /// Index of the step that finished.
@@ -175,6 +189,7 @@ pub struct StepBoundary {
 
 /// `child.spawn`: the run dispatches a sub-run whose events follow with `child_id` set.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ChildSpawn {
     /// The child's id, used as `child_id` on its events.
@@ -189,6 +204,7 @@ pub struct ChildSpawn {
 
 /// The intent of a plan step, for the UI's icon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "graphql", derive(async_graphql::Enum))]
 #[serde(rename_all = "snake_case")]
 pub enum Intent {
@@ -210,6 +226,7 @@ pub enum Intent {
 
 /// One step of a proposed plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "graphql", derive(async_graphql::SimpleObject))]
 #[cfg_attr(feature = "graphql", graphql(name = "PlanStep"))]
 #[serde(deny_unknown_fields)]
@@ -230,6 +247,7 @@ pub struct PlanStep {
 
 /// A plan as proposed for review.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Plan {
     /// Plan id, named again by the decision.
@@ -281,6 +299,7 @@ mod exact_f64 {
 
 /// `plan.proposal`: the agent proposes a plan for human review.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PlanProposal {
     /// The plan.
@@ -289,6 +308,7 @@ pub struct PlanProposal {
 
 /// What a user decided about a plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "graphql", derive(async_graphql::Enum))]
 #[serde(rename_all = "snake_case")]
 pub enum Decision {
@@ -300,6 +320,7 @@ pub enum Decision {
 
 /// `plan.decision`: written by the service when a user decides; producers may not send it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PlanDecision {
     /// The proposal decided on.
@@ -316,6 +337,7 @@ pub struct PlanDecision {
 
 /// `compaction.start`: context compaction has begun.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CompactionStart {
     /// What triggered it, if known up front.
@@ -325,6 +347,7 @@ pub struct CompactionStart {
 
 /// `compaction.end`: compaction finished, with seed 000's statistics.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CompactionEnd {
     /// Messages removed.

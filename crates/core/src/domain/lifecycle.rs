@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 /// The lifecycle state of a run (or of a child scope inside a run's log).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "graphql", derive(async_graphql::Enum))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum RunState {
     /// Run accepted, plan being generated.

@@ -1,0 +1,156 @@
+//! OpenTelemetry tracing, off unless the standard `OTEL_*` variables ask for it: an
+//! OTLP exporter (`OTEL_EXPORTER_OTLP_ENDPOINT` or `..._TRACES_ENDPOINT`; protocol
+//! `http/protobuf`, or `http/json` by `OTEL_EXPORTER_OTLP_PROTOCOL`) behind
+//! `tracing-opentelemetry`, so the service's `tracing` spans become OTel spans.
+//!
+//! One trace follows an append: the request (whose W3C `traceparent` it continues),
+//! `append`, `commit`, `notify`, and a `deliver` span for each live subscriber's
+//! hand-over. The delivery happens in other tasks, so [`Traces`] remembers the trace of
+//! each run's recent appends by seq range, for the transports to find.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, OnceLock};
+
+use opentelemetry::trace::TraceContextExt;
+use opentelemetry::Context;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// True when the environment asks for traces (an OTLP endpoint, and neither
+/// `OTEL_SDK_DISABLED=true` nor `OTEL_TRACES_EXPORTER=none`).
+pub fn configured() -> bool {
+    let endpoint = env("OTEL_EXPORTER_OTLP_ENDPOINT").or_else(|| env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"));
+    endpoint.is_some()
+        && env("OTEL_SDK_DISABLED").is_none_or(|v| v != "true")
+        && env("OTEL_TRACES_EXPORTER").is_none_or(|v| v != "none")
+}
+
+/// The `tracing` layer exporting spans, when [`configured`]; call [`shutdown`] before
+/// the process exits so the last spans are sent.
+pub fn layer<S>() -> anyhow::Result<Option<impl tracing_subscriber::Layer<S>>>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_otlp::{Protocol, WithExportConfig};
+    if !configured() {
+        return Ok(None);
+    }
+    let protocol = env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"));
+    let protocol = match protocol.as_deref() {
+        None | Some("http/protobuf") => Protocol::HttpBinary,
+        Some("http/json") => Protocol::HttpJson,
+        Some(other) => anyhow::bail!(
+            "OTEL_EXPORTER_OTLP_PROTOCOL `{other}` is not supported: use http/protobuf or http/json"
+        ),
+    };
+    let exporter = opentelemetry_otlp::SpanExporter::builder().with_http().with_protocol(protocol).build()?;
+    let mut resource = opentelemetry_sdk::Resource::builder();
+    if env("OTEL_SERVICE_NAME").is_none() {
+        resource = resource.with_service_name("agent-stream");
+    }
+    let provider =
+        SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource.build()).build();
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    let tracer = provider.tracer("agent-stream");
+    let _ = PROVIDER.set(provider);
+    Ok(Some(tracing_opentelemetry::layer().with_tracer(tracer)))
+}
+
+/// Sends what is buffered and stops the exporter.
+pub fn shutdown() {
+    if let Some(p) = PROVIDER.get() {
+        if let Err(e) = p.shutdown() {
+            eprintln!("warning: the OpenTelemetry exporter did not shut down cleanly: {e}");
+        }
+    }
+}
+
+/// Makes `span` continue the W3C trace in `headers` (`traceparent`), if any.
+pub fn continue_trace(span: &tracing::Span, headers: &axum::http::HeaderMap) {
+    if PROVIDER.get().is_none() || !headers.contains_key("traceparent") {
+        return;
+    }
+    struct Headers<'a>(&'a axum::http::HeaderMap);
+    impl opentelemetry::propagation::Extractor for Headers<'_> {
+        fn get(&self, key: &str) -> Option<&str> {
+            self.0.get(key).and_then(|v| v.to_str().ok())
+        }
+        fn keys(&self) -> Vec<&str> {
+            self.0.keys().map(|k| k.as_str()).collect()
+        }
+    }
+    let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Headers(headers)));
+    let _ = span.set_parent(parent);
+}
+
+/// Appends remembered per run: a subscriber's delivery of seq N finds its append's trace.
+const PER_RUN: usize = 64;
+/// Runs remembered; the oldest go first.
+const RUNS: usize = 4096;
+
+/// A run's recent appends: first seq, last seq, trace context.
+type Appends = VecDeque<(i64, i64, Context)>;
+
+/// The trace contexts of recent appends, by run and seq range (empty when tracing is off).
+#[derive(Default)]
+pub struct Traces {
+    /// By run, and the runs in the order they were first seen (for eviction).
+    runs: Mutex<(HashMap<String, Appends>, VecDeque<String>)>,
+}
+
+impl Traces {
+    /// Remembers that the current span's trace wrote `first..=last` of `run`.
+    pub fn appended(&self, run: &str, first: i64, last: i64) {
+        if PROVIDER.get().is_none() {
+            return;
+        }
+        let cx = tracing::Span::current().context();
+        if !cx.span().span_context().is_valid() {
+            return;
+        }
+        let mut guard = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        let (by_run, order) = &mut *guard;
+        let entry = by_run.entry(run.to_owned()).or_insert_with(|| {
+            order.push_back(run.to_owned());
+            VecDeque::new()
+        });
+        entry.push_back((first, last, cx));
+        if entry.len() > PER_RUN {
+            entry.pop_front();
+        }
+        while order.len() > RUNS {
+            if let Some(old) = order.pop_front() {
+                by_run.remove(&old);
+            }
+        }
+    }
+
+    /// Records `seq` of `run` handed to a subscriber through `transport`, in its
+    /// append's trace.
+    pub fn delivered(&self, run: &str, seq: i64, transport: &'static str) {
+        if PROVIDER.get().is_none() {
+            return;
+        }
+        let cx = {
+            let guard = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+            guard
+                .0
+                .get(run)
+                .and_then(|v| v.iter().find(|(f, l, _)| (*f..=*l).contains(&seq)).map(|(_, _, c)| c.clone()))
+        };
+        if let Some(cx) = cx {
+            let span = tracing::info_span!("deliver", run_id = run, seq, transport);
+            let _ = span.set_parent(cx);
+            span.in_scope(|| {});
+        }
+    }
+}

@@ -11,8 +11,10 @@ mod jsonl;
 mod keys;
 mod replay;
 mod runs;
+mod seed;
 mod sse;
 mod stream;
+mod ws;
 
 use std::time::Duration;
 
@@ -51,6 +53,7 @@ pub fn router(app: AppRef) -> Router {
         .route("/v1/durable/runs/{run_id}", get(durable::read))
         .route("/v1/chat", post(chat::send))
         .route("/v1/chat/{run_id}/stream", get(chat::resume))
+        .merge(seed::routes())
         .merge(crate::graphql::routes())
         .fallback(|| async { error::HttpError::from(Error::reject(ErrorCode::NotFound, "no such route; see the README for the API")) })
         .with_state(app)

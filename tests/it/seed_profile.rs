@@ -353,3 +353,90 @@ async fn the_websocket_profile_refuses_clearly() {
     let mut ws = ws_open(&t.base, &t.key_a, &run, "?after_seq=2", &[]).await.expect("handshake");
     assert!(matches!(ws_next(&mut ws).await, Got::Closed(1000)));
 }
+
+/// A run deleted by retention leaves a tombstone: every read and resume of it answers
+/// `410 RUN-EXPIRED` with seed 004's `KAI-STREAM-CONN-0002` (SSE with `Last-Event-ID`,
+/// the WebSocket handshake, the log, the view, GraphQL), not `404` as for a run that never
+/// was; another tenant still gets `404`.
+#[tokio::test]
+async fn a_run_deleted_by_retention_answers_410_with_kai_stream_conn_0002() {
+    use agent_stream::storage::retention::{sweep, Policy};
+    let t = TestApp::new().await;
+    let run = running_run(&t).await;
+    t.append_ok(&t.key_a, &run, json!([delta("x"), {"type": "run.lifecycle", "payload": {"state": "done"}}]))
+        .await;
+    let mut owner = t.db.owner().await;
+    owner
+        .execute("UPDATE runs SET ended_at = now() - interval '100 days' WHERE run_id = $1", &[&run])
+        .await
+        .expect("age");
+    assert_eq!(sweep(&mut owner, Policy::default(), false).await.expect("sweep").runs.len(), 1);
+    let gone = |r: reqwest::Response| async move {
+        let status = r.status();
+        let v: Value = r.json().await.unwrap_or_default();
+        assert_eq!(status, StatusCode::GONE, "{v}");
+        assert_eq!(v["error"]["code"], "RUN-EXPIRED");
+        assert_eq!(v["error"]["kai_code"], "KAI-STREAM-CONN-0002");
+    };
+    for path in ["", "/events", "/view", "/stream", "/events.jsonl"] {
+        gone(
+            t.http
+                .get(format!("{}/v1/runs/{run}{path}", t.base))
+                .bearer_auth(&t.key_a)
+                .send()
+                .await
+                .expect("send"),
+        )
+        .await;
+    }
+    let resume = t
+        .http
+        .get(format!("{}/v1/agent/runs/{run}/stream", t.base))
+        .bearer_auth(&t.key_a)
+        .header("Last-Event-ID", "2");
+    gone(resume.send().await.expect("send")).await;
+    assert_eq!(
+        refused(ws_open(&t.base, &t.key_a, &run, "?after_seq=2", &[]).await),
+        (410, "RUN-EXPIRED".into())
+    );
+    let v = t.graphql(Some(&t.key_a), "query($id: ID!) { run(id: $id) { id } }", json!({"id": run})).await;
+    assert_eq!(v["errors"][0]["extensions"]["code"], "RUN-EXPIRED", "{v}");
+    assert_eq!(v["errors"][0]["extensions"]["kai_code"], "KAI-STREAM-CONN-0002", "{v}");
+    let (s, body) = t.get_text(&t.key_b, &format!("/v1/runs/{run}")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
+    // A run that never was is still unknown.
+    let (s, _) = t.get_text(&t.key_a, "/v1/runs/01HZ7K3M0000000000000000AA").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+/// Seed 004's protocol codes ride beside ours on the write path, where an event can be
+/// malformed or of an unknown type: `KAI-STREAM-PROTO-0001` and `-0002`.
+#[tokio::test]
+async fn malformed_and_unknown_events_carry_kai_stream_proto_codes() {
+    let t = TestApp::new().await;
+    let run = running_run(&t).await;
+    for (events, code, kai) in [
+        (
+            json!([{"type": "text.delta", "payload": {"text": "x"}, "seq": 9}]),
+            "EVENT-MALFORMED",
+            "KAI-STREAM-PROTO-0001",
+        ),
+        (
+            json!([{"type": "text.delta", "payload": {"txt": "x"}}]),
+            "EVENT-INVALID-PAYLOAD",
+            "KAI-STREAM-PROTO-0001",
+        ),
+        (json!([{"type": "thought.delta", "payload": {}}]), "EVENT-UNKNOWN-TYPE", "KAI-STREAM-PROTO-0002"),
+    ] {
+        let (s, v) = t.append(&t.key_a, &run, &events).await;
+        assert!(s.is_client_error(), "{s}");
+        assert_eq!(
+            (v["error"]["code"].as_str(), v["error"]["kai_code"].as_str()),
+            (Some(code), Some(kai)),
+            "{v}"
+        );
+    }
+    let (_, v) = t.append(&t.key_a, &run, &json!([])).await;
+    assert!(v["error"].get("kai_code").is_none(), "only where the seed has a code: {v}");
+    assert_eq!(t.events(&t.key_a, &run).await.len(), 1, "nothing written");
+}

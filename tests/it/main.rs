@@ -18,6 +18,7 @@ mod live;
 mod migrations;
 mod ops;
 mod projection;
+mod seed004;
 mod seed_profile;
 mod shaping;
 mod tenancy;

@@ -440,3 +440,64 @@ async fn malformed_and_unknown_events_carry_kai_stream_proto_codes() {
     assert!(v["error"].get("kai_code").is_none(), "only where the seed has a code: {v}");
     assert_eq!(t.events(&t.key_a, &run).await.len(), 1, "nothing written");
 }
+
+/// Merged frames over the WebSocket: a frame sent before the end of its window carries
+/// `resume_id`; resuming from each frame's position (`resume_id`, else `seq`) with
+/// `after_seq` gives exactly the rest, so text before plus text after is the whole text.
+#[tokio::test]
+async fn the_websocket_profile_resumes_from_merged_frames_with_resume_id() {
+    let t = TestApp::new().await;
+    let run = running_run(&t).await;
+    let mut events = vec![];
+    for i in 0..40 {
+        events.push(json!({"type": "text.delta", "payload": {"text": format!("t{i},")}}));
+        events.push(json!({"type": "reasoning.delta", "payload": {"text": format!("r{i},")}}));
+    }
+    events.push(json!({"type": "run.lifecycle", "payload": {"state": "done"}}));
+    t.append_ok(&t.key_a, &run, Value::Array(events)).await;
+    let text_of = |frames: &[Value], ty: &str| -> String {
+        frames
+            .iter()
+            .filter(|f| f["type"] == ty)
+            .map(|f| f["payload"]["text"].as_str().unwrap_or("").to_owned())
+            .collect()
+    };
+    let mut ws = ws_open(&t.base, &t.key_a, &run, "", &[]).await.expect("handshake");
+    let (whole, code) = ws_drain(&mut ws).await;
+    assert_eq!(code, 1000);
+    let with_resume_id = whole.iter().filter(|f| f.get("resume_id").is_some()).count();
+    assert!(with_resume_id > 0, "two lanes merged in one window: the first frame is not at a plain seq");
+    let (text, reasoning) = (text_of(&whole, "text.delta"), text_of(&whole, "reasoning.delta"));
+    assert_eq!(text, (0..40).map(|i| format!("t{i},")).collect::<String>());
+    for i in 0..whole.len() - 1 {
+        let at = match whole[i].get("resume_id") {
+            Some(id) => id.as_str().expect("a string").to_owned(),
+            None => whole[i]["seq"].to_string(),
+        };
+        let mut ws =
+            ws_open(&t.base, &t.key_a, &run, &format!("?after_seq={at}"), &[]).await.expect("resume");
+        let (rest, _) = ws_drain(&mut ws).await;
+        let seen = &whole[..=i];
+        assert_eq!(text_of(seen, "text.delta") + &text_of(&rest, "text.delta"), text, "resumed at {at}");
+        assert_eq!(
+            text_of(seen, "reasoning.delta") + &text_of(&rest, "reasoning.delta"),
+            reasoning,
+            "at {at}"
+        );
+    }
+}
+
+/// A key revoked while its socket is open closes the socket with 4403 (within 5 s).
+#[tokio::test]
+async fn a_revoked_key_closes_the_websocket_with_4403() {
+    let t = TestApp::new().await;
+    let run = running_run(&t).await;
+    let key = t.key_for_a(&[agent_stream::auth::Scope::Read]).await;
+    let mut ws = ws_open(&t.base, &key.secret, &run, "", &[]).await.expect("handshake");
+    assert!(matches!(ws_next(&mut ws).await, Got::Frame(f) if f["seq"] == 1));
+    let owner = t.db.owner().await;
+    assert!(agent_stream::storage::tenants::revoke_key(&owner, &key.key_id).await.expect("revoke"));
+    let started = std::time::Instant::now();
+    assert!(matches!(ws_next(&mut ws).await, Got::Closed(4403)));
+    assert!(started.elapsed() < Duration::from_secs(6), "{:?}", started.elapsed());
+}

@@ -10,6 +10,9 @@ pub fn gql_error(e: &Error) -> async_graphql::Error {
     let (message, index) = e.public_parts();
     async_graphql::Error::new(message).extend_with(|_, x| {
         x.set("code", code.as_str());
+        if let Some(kai) = code.kai_code() {
+            x.set("kai_code", kai);
+        }
         if let Some(i) = index {
             x.set("index", i as u64);
         }

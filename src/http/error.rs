@@ -17,6 +17,7 @@ pub fn status(code: ErrorCode) -> StatusCode {
         AuthScope => StatusCode::FORBIDDEN,
         RunNotFound | NotFound => StatusCode::NOT_FOUND,
         MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        RunExpired => StatusCode::GONE,
         RunClosed | SeqConflict | IdempotencyMismatch | AlreadyExists | PlanNotPending => {
             StatusCode::CONFLICT
         }
@@ -56,6 +57,9 @@ impl IntoResponse for HttpError {
         let code = e.code();
         let (message, index) = e.public_parts();
         let mut body = json!({ "code": code.as_str(), "message": message });
+        if let Some(kai) = code.kai_code() {
+            body["kai_code"] = json!(kai);
+        }
         if let Some(i) = index {
             body["index"] = json!(i);
         }

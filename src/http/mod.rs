@@ -12,8 +12,10 @@ mod keys;
 pub mod openapi;
 mod replay;
 mod runs;
+mod seed;
 mod sse;
 mod stream;
+mod ws;
 
 use std::time::Duration;
 
@@ -54,6 +56,7 @@ pub fn router(app: AppRef) -> Router {
         .route("/v1/durable/runs/{run_id}", get(durable::read))
         .route("/v1/chat", post(chat::send))
         .route("/v1/chat/{run_id}/stream", get(chat::resume))
+        .merge(seed::routes())
         .merge(crate::graphql::routes())
         // After every route: axum gives this to the routes present when it is called.
         .method_not_allowed_fallback(|method: Method| async move {

@@ -183,6 +183,9 @@ pub struct ErrorDetail {
     message: String,
     /// The offending event's index in the batch, when one is to blame.
     index: Option<i64>,
+    /// Seed 004's code for the same condition, where the seed defines one
+    /// (`KAI-STREAM-CONN-0002`, `KAI-STREAM-PROTO-0001`, `KAI-STREAM-PROTO-0002`).
+    kai_code: Option<String>,
 }
 
 fn error_codes() -> utoipa::openapi::Object {
@@ -321,7 +324,7 @@ impl Modify for ErrorCodes {
     info(
         title = "agent-stream",
         description = "Durable, multi-tenant event log and live stream for AI-agent runs. \
-                       Errors are `{\"error\": {\"code\", \"message\", \"index\"?}}` with a stable code.",
+                       Errors are `{\"error\": {\"code\", \"message\", \"index\"?, \"kai_code\"?}}` with a stable code.",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     paths(
@@ -340,6 +343,8 @@ impl Modify for ErrorCodes {
         super::chat::resume,
         super::agui::run,
         super::durable::read,
+        super::seed::stream,
+        super::seed::approve_plan,
         super::keys::list,
         super::keys::create,
         super::keys::revoke,

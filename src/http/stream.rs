@@ -86,39 +86,66 @@ pub(crate) async fn stream(
     headers: HeaderMap,
 ) -> super::error::ApiResult<Response> {
     let cursor = resume_point(&headers, p.after_seq.as_deref())?;
-    let raw = match p.detail.as_deref() {
-        None | Some("default") => false,
-        Some("full") => true,
-        Some(other) => {
-            return Err(Error::reject(
-                ErrorCode::InvalidParameter,
-                format!(
-                    "`detail` must be `full` or `default`, not `{}`",
-                    other.chars().take(40).collect::<String>()
-                ),
-            )
-            .into())
-        }
-    };
+    let raw = detail(p.detail.as_deref())?;
     let format = Format::parse(p.format.as_deref())?;
-    let run = app.run(&who, &run_id).await?;
+    match open(&app, who, &run_id, cursor, raw, format, crate::metrics::Transport::SSE).await? {
+        Some(sending) => Ok(sse_response(sending, format)),
+        None => Ok(StatusCode::NO_CONTENT.into_response()),
+    }
+}
+
+/// `detail`: `full` (raw mode, R2) or `default` (merged deltas, R1).
+pub(super) fn detail(v: Option<&str>) -> Result<bool> {
+    match v {
+        None | Some("default") => Ok(false),
+        Some("full") => Ok(true),
+        Some(other) => Err(Error::reject(
+            ErrorCode::InvalidParameter,
+            format!(
+                "`detail` must be `full` or `default`, not `{}`",
+                other.chars().take(40).collect::<String>()
+            ),
+        )),
+    }
+}
+
+/// Opens a live stream of `run_id` for a client standing at `cursor`: the one path
+/// every streaming transport (SSE, the seed's WebSocket profile) takes. `None` when the
+/// run has ended and nothing is after the cursor.
+pub(super) async fn open(
+    app: &AppRef,
+    who: crate::auth::Principal,
+    run_id: &str,
+    cursor: Cursor,
+    raw: bool,
+    format: Format,
+    transport: crate::metrics::Transport,
+) -> Result<Option<Sending<Live>>> {
+    let run = app.run(&who, run_id).await?;
     check_cursor(&run, &cursor)?;
     let ended = run.state.is_some_and(|s| s.is_terminal());
     if ended && cursor.complete_seq() >= run.last_seq {
-        return Ok(StatusCode::NO_CONTENT.into_response());
+        return Ok(None);
     }
     let base = cursor.complete_seq();
     let enc = app.encoding(&who, &run, format, base).await?;
     let shedding = app.settings.shedding;
-    let delivery = app.metrics.subscription(crate::metrics::Transport::SSE);
-    let tail = Live { tail: Tail::new(app.live.clone(), who, run.run_id, base), delivery, app: app.clone() };
-    Ok(sse_response(Sending::new(tail, enc, raw, Shedder::new(shedding, !ended), &cursor), format))
+    let delivery = app.metrics.subscription(transport);
+    let tail = Live {
+        tail: Tail::new(app.live.clone(), who, run.run_id, base),
+        delivery,
+        transport,
+        app: app.clone(),
+    };
+    Ok(Some(Sending::new(tail, enc, raw, Shedder::new(shedding, !ended), &cursor)))
 }
 
-/// A live stream's source: the tail, with its deliveries recorded in the metrics.
-struct Live {
+/// A live stream's source: the tail, with its deliveries recorded in the metrics and
+/// the traces under its transport's name.
+pub(super) struct Live {
     tail: Tail,
     delivery: crate::metrics::Delivery,
+    transport: crate::metrics::Transport,
     app: AppRef,
 }
 
@@ -130,7 +157,7 @@ impl Source for Live {
         let batch = self.tail.next_batch().await?;
         for e in batch.events() {
             self.delivery.delivered(e);
-            self.app.traces.delivered(&e.run_id, e.seq, "sse");
+            self.app.traces.delivered(&e.run_id, e.seq, self.transport.transport);
         }
         Some(batch)
     }
@@ -194,6 +221,9 @@ pub(super) struct Sending<S> {
     ended: bool,
     /// Deltas dropped because the client fell behind (reported in the terminal item).
     dropped: u64,
+    /// The client was told it is being shed ([`shed_notice`]) since it last got
+    /// everything.
+    warned: bool,
 }
 
 impl<S: Source> Sending<S> {
@@ -226,6 +256,7 @@ impl<S: Source> Sending<S> {
             level: None,
             ended: false,
             dropped: 0,
+            warned: false,
         }
     }
 
@@ -270,6 +301,18 @@ impl<S: Source> Sending<S> {
         }
     }
 
+    /// The next items as a transport sends them: the terminal item carries
+    /// `dropped_count` (R4). `None` ends the stream.
+    pub(super) async fn next_items(&mut self) -> Option<Vec<Out>> {
+        let mut items = self.next().await?;
+        for o in items.iter_mut().filter(|o| o.terminal) {
+            if self.dropped > 0 || self.enc.format() == Format::Native {
+                self.enc.annotate_dropped(o, self.dropped);
+            }
+        }
+        Some(items)
+    }
+
     /// Encodes up to [`EVENTS_PER_STEP`] events of `batch` from index `from`, keeping
     /// the rest for the next step.
     fn encode(&mut self, batch: &Batch, from: usize) {
@@ -282,6 +325,9 @@ impl<S: Source> Sending<S> {
             self.batch = Some((batch.clone(), to));
         }
         let level = self.level;
+        if level.is_none() {
+            self.warned = false;
+        }
         let before = items.len();
         items.retain(|o| !drops(level, o.class));
         let dropped = (before - items.len()) as u64;
@@ -292,6 +338,13 @@ impl<S: Source> Sending<S> {
         let mut kept = Vec::with_capacity(items.len());
         self.resumer.push(items, &mut kept);
         self.shape(kept);
+        if dropped > 0 && !self.warned {
+            self.warned = true;
+            // Native clients switch on the event name; the dialects have no place for it.
+            if self.enc.format() == Format::Native {
+                self.ready.push(shed_notice(self.shaper.sent(), self.dropped));
+            }
+        }
     }
 
     fn shape(&mut self, items: Vec<Out>) {
@@ -302,17 +355,35 @@ impl<S: Source> Sending<S> {
     }
 }
 
+/// The SSE event name (and WebSocket `type`) of [`shed_notice`].
+pub(super) const SHED_NOTICE: &str = "stream.warning";
+
+/// Seed 004's `KAI-STREAM-BUF-0001`, sent the moment a live client starts losing deltas
+/// (once per episode: again only after it has caught up and fallen behind anew). Not an
+/// event of the log: its id is where the client stands, so a resume from it is exact.
+fn shed_notice(at: Cursor, dropped: u64) -> Out {
+    let mut o = Out::control(
+        at.seq,
+        serde_json::json!({
+            "type": SHED_NOTICE,
+            "payload": {
+                "code": "KAI-STREAM-BUF-0001",
+                "message": "this client is not keeping up: deltas are being dropped (reasoning first, then text; never other events)",
+                "dropped_count": dropped,
+            }
+        }),
+    );
+    o.event = Some(SHED_NOTICE.into());
+    o.id = Some(at);
+    o
+}
+
 /// The stream's body: each step's items as SSE frames, in chunks.
 fn chunks<S: Source + Send + 'static>(state: Sending<S>) -> impl Stream<Item = bytes::Bytes> {
     let ready = std::collections::VecDeque::new();
     futures::stream::unfold((state, ready), |(mut s, mut ready)| async move {
         while ready.is_empty() {
-            let mut items = s.next().await?;
-            for o in items.iter_mut().filter(|o| o.terminal) {
-                if s.dropped > 0 || s.enc.format() == Format::Native {
-                    s.enc.annotate_dropped(o, s.dropped);
-                }
-            }
+            let items = s.next_items().await?;
             super::sse::chunks(&items, &mut ready);
         }
         let c = ready.pop_front()?;

@@ -52,7 +52,14 @@ async fn the_log_is_distributed_by_tenant_and_co_located() {
     assert_eq!((runs.1.as_str(), runs.2.as_deref()), ("h", Some("tenant_id")), "runs by tenant_id");
     assert_eq!((events.1.as_str(), events.2.as_deref()), ("h", Some("tenant_id")), "events by tenant_id");
     assert_eq!(runs.3, events.3, "co-located");
-    assert_eq!(tables.len(), 5, "schema_migrations stays local: {tables:?}");
+    let tombstones = find("run_tombstones");
+    assert_eq!(
+        (tombstones.1.as_str(), tombstones.2.as_deref()),
+        ("h", Some("tenant_id")),
+        "tombstones by tenant_id"
+    );
+    assert_eq!(runs.3, tombstones.3, "tombstones co-located with runs");
+    assert_eq!(tables.len(), 6, "schema_migrations stays local: {tables:?}");
     // Citus turns TLS on with a self-made X.509 v1 certificate, which webpki will not
     // parse: sslmode=prefer (the default) must still take TLS, checking the handshake's
     // signature with that certificate's key.

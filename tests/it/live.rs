@@ -1157,7 +1157,16 @@ async fn a_client_that_cannot_keep_up_loses_reasoning_then_text_never_control_ev
     assert_eq!(last, 2 + batches * per_batch);
     let (mut received, mut reasoning, mut text, mut tools) = (1i64, 0, 0, 0);
     let mut dropped = None;
+    // Seed 004's KAI-STREAM-BUF-0001: told the moment deltas start being dropped, before
+    // the terminal item counts them.
+    let mut warnings = vec![];
     while let Some(f) = sse.next().await {
+        if f.event.as_deref() == Some("stream.warning") {
+            assert_eq!(f.data["payload"]["code"], "KAI-STREAM-BUF-0001", "{}", f.data);
+            assert!(dropped.is_none(), "warned before the end");
+            warnings.push(f.data["payload"]["dropped_count"].as_i64().expect("dropped so far"));
+            continue;
+        }
         received += 1;
         match f.event.as_deref() {
             Some("reasoning.delta") => reasoning += 1,
@@ -1172,6 +1181,8 @@ async fn a_client_that_cannot_keep_up_loses_reasoning_then_text_never_control_ev
         "sent {last}, received {received}, dropped {dropped} (reasoning kept {reasoning}, text kept {text})"
     );
     assert!(dropped > 0, "the slow client lost deltas");
+    eprintln!("warnings (dropped so far at each): {warnings:?}");
+    assert!(!warnings.is_empty() && warnings.iter().all(|w| *w > 0 && *w <= dropped), "{warnings:?}");
     assert_eq!(received + dropped, last, "every event is either delivered or counted as dropped");
     assert_eq!(tools, batches * 2, "control events are never dropped");
     assert!(reasoning < text, "reasoning goes first: kept {reasoning} reasoning vs {text} text deltas");

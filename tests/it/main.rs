@@ -20,6 +20,8 @@ mod openapi;
 mod ops;
 mod projection;
 mod readme;
+mod seed004;
+mod seed_profile;
 mod shaping;
 mod surface;
 mod telemetry;

@@ -392,9 +392,18 @@ async fn retention_deletes_whole_expired_runs_and_only_those() {
     assert_eq!(deleted, want, "the parent goes once its sub-run is gone");
     for run in &want {
         assert_eq!(stored(&t, run).await, 0, "no event of a deleted run is left");
+        // Its tombstone: gone, not unknown (seed 004's KAI-STREAM-CONN-0002).
         let r = t.http.get(format!("{}/v1/runs/{run}", t.base)).bearer_auth(&t.key_a).send().await.unwrap();
-        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        assert_eq!(r.status(), StatusCode::GONE);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(
+            (v["error"]["code"].as_str(), v["error"]["kai_code"].as_str()),
+            (Some("RUN-EXPIRED"), Some("KAI-STREAM-CONN-0002"))
+        );
+        let r = t.http.get(format!("{}/v1/runs/{run}", t.base)).bearer_auth(&t.key_b).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "another tenant's tombstone is not found");
     }
+    assert_eq!(t.count_rows("run_tombstones").await, 4, "one tombstone per deleted run");
     assert_eq!(deleted, due, "the dry run listed exactly these");
     for run in [&young_done, &mid_error, &running, &kept_parent, &young_child] {
         assert!(stored(&t, run).await > 0, "{run} is kept");

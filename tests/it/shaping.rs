@@ -280,8 +280,15 @@ async fn a_slow_reader_loses_reasoning_then_text_and_stays_near_the_head() {
     };
     let (mut got_reasoning, mut got_text, mut got_control) = (0i64, 0i64, 0i64);
     let (mut max_behind, mut dropped) = (0i64, None);
+    let mut warned = 0;
     while let Some(batch) = reader.next().await {
         for f in batch {
+            if f.event.as_deref() == Some("stream.warning") {
+                // Seed 004's KAI-STREAM-BUF-0001: not an event of the log.
+                assert_eq!(f.data["payload"]["code"], "KAI-STREAM-BUF-0001");
+                warned += 1;
+                continue;
+            }
             let seq = f.data["seq"].as_i64().expect("seq");
             max_behind = max_behind.max(head.load(std::sync::atomic::Ordering::SeqCst) - seq);
             match f.event.as_deref() {
@@ -303,6 +310,7 @@ async fn a_slow_reader_loses_reasoning_then_text_and_stays_near_the_head() {
     // `running` came before the producer started: one more control event.
     assert_eq!(got_control, controls + 1, "control events are never dropped");
     assert!(dropped > 0, "the slow reader lost deltas");
+    assert!(warned > 0, "told the moment it was shed (KAI-STREAM-BUF-0001)");
     assert_eq!(
         dropped,
         (reasoning - got_reasoning) + (text - got_text),

@@ -121,13 +121,13 @@ async fn every_key_of_the_log_carries_the_distribution_column() {
              JOIN pg_class c ON c.oid = i.indrelid
              JOIN pg_namespace n ON n.oid = c.relnamespace
              JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY(i.indkey)
-             WHERE n.nspname = $1 AND c.relname IN ('runs', 'agent_run_events') AND (i.indisunique OR i.indisprimary)
+             WHERE n.nspname = $1 AND c.relname IN ('runs', 'agent_run_events', 'run_tombstones') AND (i.indisunique OR i.indisprimary)
              GROUP BY 1, 2",
             &[&t.db.schema],
         )
         .await
         .unwrap();
-    assert!(rows.len() >= 3, "{rows:?}");
+    assert!(rows.len() >= 4, "{rows:?}");
     for r in rows {
         assert!(r.get::<_, bool>(2), "{} / {} lacks tenant_id", r.get::<_, String>(0), r.get::<_, String>(1));
     }

@@ -19,6 +19,9 @@ pub enum ErrorCode {
     AuthScope,
     /// The run does not exist for this tenant (also for other tenants' runs).
     RunNotFound,
+    /// The run existed but retention deleted it: its log is gone for good (seed 004's
+    /// `KAI-STREAM-CONN-0002`, the replay window expired).
+    RunExpired,
     /// The run (or the child scope) reached a terminal state.
     RunClosed,
     /// `expected_last_seq` did not match the run's last seq.
@@ -99,11 +102,12 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in the order of the README's table.
-    pub const ALL: [ErrorCode; 41] = [
+    pub const ALL: [ErrorCode; 42] = [
         ErrorCode::AuthMissing,
         ErrorCode::AuthInvalid,
         ErrorCode::AuthScope,
         ErrorCode::RunNotFound,
+        ErrorCode::RunExpired,
         ErrorCode::RunClosed,
         ErrorCode::SeqConflict,
         ErrorCode::BodyMalformed,
@@ -151,6 +155,7 @@ impl ErrorCode {
             AuthInvalid => "AUTH-INVALID",
             AuthScope => "AUTH-SCOPE",
             RunNotFound => "RUN-NOT-FOUND",
+            RunExpired => "RUN-EXPIRED",
             RunClosed => "RUN-CLOSED",
             SeqConflict => "SEQ-CONFLICT",
             BodyMalformed => "BODY-MALFORMED",
@@ -188,6 +193,20 @@ impl ErrorCode {
             SocketsLimit => "SOCKETS-LIMIT",
             Unavailable => "SERVICE-UNAVAILABLE",
             Internal => "INTERNAL",
+        }
+    }
+}
+
+impl ErrorCode {
+    /// Seed 004's code (§8, namespace `KAI-STREAM-`) for the codes it has one for; sent
+    /// beside ours as `kai_code`, which stays the code to switch on.
+    pub fn kai_code(self) -> Option<&'static str> {
+        use ErrorCode::*;
+        match self {
+            RunExpired => Some("KAI-STREAM-CONN-0002"),
+            EventMalformed | InvalidPayload => Some("KAI-STREAM-PROTO-0001"),
+            UnknownType => Some("KAI-STREAM-PROTO-0002"),
+            _ => None,
         }
     }
 }

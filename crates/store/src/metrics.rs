@@ -22,7 +22,7 @@ pub struct Outcome {
 /// Which transport a live subscriber reads through (the `transport` label).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Transport {
-    /// `sse` or `graphql_ws`.
+    /// `sse`, `graphql_ws` or `seed_ws`.
     pub transport: &'static str,
 }
 
@@ -31,6 +31,8 @@ impl Transport {
     pub const SSE: Transport = Transport { transport: "sse" };
     /// GraphQL subscriptions over WebSocket.
     pub const GRAPHQL_WS: Transport = Transport { transport: "graphql_ws" };
+    /// Seed 004's WebSocket profile (`koder-agent-stream-v1`).
+    pub const SEED_WS: Transport = Transport { transport: "seed_ws" };
 }
 
 /// One HTTP request's labels: the matched route template (never the raw path, whose
@@ -116,7 +118,7 @@ impl Default for Metrics {
             http_requests: Family::new_with_constructor(latency),
         };
         // Every transport's series from the start, so a scrape shows 0 rather than nothing.
-        for t in [Transport::SSE, Transport::GRAPHQL_WS] {
+        for t in [Transport::SSE, Transport::GRAPHQL_WS, Transport::SEED_WS] {
             m.subscribers_by.get_or_create(&t).set(0);
         }
         m

@@ -40,6 +40,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0006_live_secret.sql",
         sql: include_str!("../../../sql/0006_live_secret.sql"),
     },
+    Migration {
+        version: 7,
+        name: "0007_run_tombstones.sql",
+        sql: include_str!("../../../sql/0007_run_tombstones.sql"),
+    },
 ];
 
 /// What a migration run did.

@@ -6,7 +6,9 @@
 //! This is the only code that deletes: the service role has no DELETE grant, so the
 //! sweep runs on an owner connection. A run is deleted with all its events in one
 //! transaction; a run that still has sub-runs waits until they are gone (the next
-//! batch of the same sweep, when they expired too).
+//! batch of the same sweep, when they expired too). Each deleted run leaves a tombstone
+//! (`run_tombstones`: ids, final state, when it ended, its last seq) in the same
+//! transaction, so reads and resumes of it answer `410 RUN-EXPIRED`.
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::Client;
@@ -131,6 +133,18 @@ pub async fn sweep(c: &mut Client, policy: Policy, dry_run: bool) -> Result<Repo
             "DELETE FROM agent_run_events e USING unnest($1::text[], $2::text[]) AS d(tenant_id, run_id)
              WHERE e.tenant_id = d.tenant_id AND e.run_id = d.run_id",
             &[&tenants, &runs],
+        )
+        .await?;
+        // What is left of each run: a tombstone, so a later read or resume learns the
+        // run expired (410 RUN-EXPIRED) rather than that it never was (404).
+        let states: Vec<&str> = batch.iter().map(|e| e.state.as_str()).collect();
+        let ended: Vec<DateTime<Utc>> = batch.iter().map(|e| e.ended_at).collect();
+        let last: Vec<i64> = batch.iter().map(|e| e.events).collect();
+        tx.execute(
+            "INSERT INTO run_tombstones (tenant_id, run_id, state, ended_at, last_seq)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::int8[])
+             ON CONFLICT DO NOTHING",
+            &[&tenants, &runs, &states, &ended, &last],
         )
         .await?;
         tx.execute(

@@ -128,7 +128,38 @@ pub async fn get_run_in<C: deadpool_postgres::GenericClient>(
         .prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1 AND run_id = $2"))
         .await?;
     let row = c.query_opt(&stmt, &[&tenant, &run_id]).await?;
-    row.as_ref().map(run_from_row).ok_or_else(|| run_not_found(&run_id))
+    match row {
+        Some(row) => Ok(run_from_row(&row)),
+        None => Err(missing_run(c, tenant, &run_id).await?),
+    }
+}
+
+/// Why a run has no row: retention deleted it (its tombstone says so:
+/// `RUN-EXPIRED`), or it never was this tenant's (`RUN-NOT-FOUND`).
+async fn missing_run<C: deadpool_postgres::GenericClient>(
+    c: &C,
+    tenant: &str,
+    run_id: &str,
+) -> Result<Error> {
+    let stmt = c
+        .prepare_cached(
+            "SELECT last_seq, deleted_at FROM run_tombstones WHERE tenant_id = $1 AND run_id = $2",
+        )
+        .await?;
+    Ok(match c.query_opt(&stmt, &[&tenant, &run_id]).await? {
+        Some(t) => {
+            let (last_seq, deleted_at): (i64, chrono::DateTime<chrono::Utc>) = (t.get(0), t.get(1));
+            Error::reject(
+                ErrorCode::RunExpired,
+                format!(
+                    "run `{run_id}` ended and was deleted by retention at {} (its log held {last_seq} events): \
+                     nothing of it can be read or resumed",
+                    deleted_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ),
+            )
+        }
+        None => run_not_found(run_id),
+    })
 }
 
 /// Filters and cursor of a run listing (newest first, by run id).

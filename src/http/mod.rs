@@ -6,6 +6,7 @@ mod chat;
 mod durable;
 pub mod error;
 pub mod extract;
+pub mod grpc;
 mod health;
 mod jsonl;
 mod keys;
@@ -54,6 +55,7 @@ pub fn router(app: AppRef) -> Router {
         .route("/v1/chat", post(chat::send))
         .route("/v1/chat/{run_id}/stream", get(chat::resume))
         .merge(seed::routes())
+        .merge(grpc::routes())
         .merge(crate::graphql::routes())
         .fallback(|| async { error::HttpError::from(Error::reject(ErrorCode::NotFound, "no such route; see the README for the API")) })
         .with_state(app)

@@ -25,17 +25,20 @@ COPY crates/load/Cargo.toml crates/load/
 RUN mkdir -p src crates/load/benches \
     && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && for c in core store live load; do mkdir -p "crates/$c/src" && touch "crates/$c/src/lib.rs"; done \
-    && echo 'fn main() {}' > crates/load/src/main.rs \
+    && echo 'fn main() {}' > crates/load/src/main.rs && echo 'fn main() {}' > build.rs \
     && for b in validate ingest fold fanout; do echo 'fn main() {}' > "crates/load/benches/$b.rs"; done \
     && cargo build --release --locked -p agent-stream --bin agent-stream \
-    && rm -rf src crates/*/src crates/load/benches
+    && rm -rf src crates/*/src crates/load/benches build.rs
 # The crates. sql/, graphql/ and src/graphql/assets/ are embedded into the binary at
-# compile time (include_str!, include_bytes!). The sources are touched so that cargo
+# compile time (include_str!, include_bytes!); build.rs generates the gRPC code from
+# proto/ (protox: no protoc needed). The sources are touched so that cargo
 # does not take the stub build's output for theirs.
 COPY src ./src
 COPY crates ./crates
 COPY sql ./sql
 COPY graphql ./graphql
+COPY build.rs ./
+COPY proto ./proto
 RUN touch src/main.rs src/lib.rs crates/*/src/lib.rs \
     && cargo build --release --locked -p agent-stream --bin agent-stream
 

@@ -6,6 +6,7 @@ mod chat;
 mod durable;
 pub mod error;
 pub mod extract;
+pub mod grpc;
 mod health;
 mod jsonl;
 mod keys;
@@ -57,6 +58,7 @@ pub fn router(app: AppRef) -> Router {
         .route("/v1/chat", post(chat::send))
         .route("/v1/chat/{run_id}/stream", get(chat::resume))
         .merge(seed::routes())
+        .merge(grpc::routes())
         .merge(crate::graphql::routes())
         // After every route: axum gives this to the routes present when it is called.
         .method_not_allowed_fallback(|method: Method| async move {

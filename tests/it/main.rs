@@ -11,6 +11,7 @@ mod containers;
 mod embedded;
 mod faults;
 mod graphql;
+mod grpc;
 mod hostile;
 mod in_doubt;
 mod jsonl;

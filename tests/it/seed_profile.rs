@@ -103,7 +103,7 @@ fn delta(text: &str) -> Value {
 
 /// A service instance on the test's schema at `addr` (`127.0.0.1:0` for any port):
 /// its app, base URL and server task.
-async fn instance(t: &TestApp, addr: &str) -> (AppRef, String, tokio::task::JoinHandle<()>) {
+pub(crate) async fn instance(t: &TestApp, addr: &str) -> (AppRef, String, tokio::task::JoinHandle<()>) {
     use agent_stream::storage::{Db, DbConfig};
     let pool = Db::new(&DbConfig { url: t.db.url.clone(), schema: t.db.schema.clone(), max_connections: 6 })
         .expect("pool");

@@ -22,7 +22,7 @@ pub struct Outcome {
 /// Which transport a live subscriber reads through (the `transport` label).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Transport {
-    /// `sse`, `graphql_ws` or `seed_ws`.
+    /// `sse`, `graphql_ws`, `seed_ws` or `grpc`.
     pub transport: &'static str,
 }
 
@@ -33,6 +33,8 @@ impl Transport {
     pub const GRAPHQL_WS: Transport = Transport { transport: "graphql_ws" };
     /// Seed 004's WebSocket profile (`koder-agent-stream-v1`).
     pub const SEED_WS: Transport = Transport { transport: "seed_ws" };
+    /// Seed 004's gRPC profile (`agent.v1.AgentRun/Stream`).
+    pub const GRPC: Transport = Transport { transport: "grpc" };
 }
 
 /// One HTTP request's labels: the matched route template (never the raw path, whose
@@ -118,7 +120,7 @@ impl Default for Metrics {
             http_requests: Family::new_with_constructor(latency),
         };
         // Every transport's series from the start, so a scrape shows 0 rather than nothing.
-        for t in [Transport::SSE, Transport::GRAPHQL_WS, Transport::SEED_WS] {
+        for t in [Transport::SSE, Transport::GRAPHQL_WS, Transport::SEED_WS, Transport::GRPC] {
             m.subscribers_by.get_or_create(&t).set(0);
         }
         m

@@ -5,8 +5,8 @@
 //! process so its CPU and memory are read apart from the load generator's.
 //!
 //! Scenarios: `ingest`, `ingest-single`, `fanout`, `export`, `fold`, `slow-readers`,
-//! `stuck`, `join`; each module's doc says what it measures and against what. The ones that need
-//! PostgreSQL find it like the tests do (`DATABASE_URL`, else 127.0.0.1:5432, else the
+//! `stuck`, `join`, `many-runs`; each module's doc says what it measures and against
+//! what. The ones that need PostgreSQL find it like the tests do (`DATABASE_URL`, else 127.0.0.1:5432, else the
 //! embedded default's private cluster) and work in a schema of their own (dropped at the
 //! end). BENCHMARKS.md keeps the latest figures. [`support`] also serves the criterion
 //! benches (`cargo bench -p agent-stream-load --bench <name>`).
@@ -20,6 +20,7 @@ pub mod http;
 mod ingest;
 mod ingest_single;
 mod join;
+mod many;
 mod slow;
 mod stuck;
 pub mod support;
@@ -30,8 +31,8 @@ use agent_stream::server::{Database, DbChoice};
 use agent_stream::storage::embedded::default_data_dir;
 
 /// The scenarios, by name.
-pub const SCENARIOS: [&str; 8] =
-    ["ingest", "ingest-single", "fanout", "export", "fold", "slow-readers", "stuck", "join"];
+pub const SCENARIOS: [&str; 9] =
+    ["ingest", "ingest-single", "fanout", "export", "fold", "slow-readers", "stuck", "join", "many-runs"];
 
 /// Where the scenarios look for PostgreSQL when `DATABASE_URL` is unset.
 const LOCAL: &str = "host=127.0.0.1 port=5432 user=postgres dbname=test";
@@ -59,6 +60,7 @@ pub async fn run(scenario: &str, bin: &Path) -> anyhow::Result<()> {
         "slow-readers" => slow::run(bin, url, schema).await,
         "stuck" => stuck::run(bin, url, schema).await,
         "join" => join::run(bin, url, schema).await,
+        "many-runs" => many::run(bin, url, schema).await,
         _ => export::run(bin, url, schema).await,
     }
     let owner = database.owner().await?;

@@ -1,0 +1,166 @@
+//! `many-runs`: many concurrent runs, each with a token-by-token producer and one SSE
+//! subscriber (issue "Token-by-token producers at full speed").
+//!
+//! `MANY_RUNS` runs (default 1,000), each with a producer appending a single
+//! `text.delta` every 50 ms (20 deltas/s per run, 20,000 events/s in all at the
+//! default) for `MANY_SECS` seconds (default 10), and one SSE subscriber per run
+//! (`detail=full`, so every event is a frame and its receipt can be timed). Reported:
+//! the appends achieved against those offered, append sent → receipt p50/p99 (receipt
+//! timed at the socket read), events received against appended, the server's CPU and
+//! RSS, and live-delivery SELECTs per second and per append (at most one read per run
+//! wake-up is the target). The baseline, in the same run: bare NOTIFY → LISTEN latency
+//! between two connections.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::http::Conn;
+use super::support::{self, SseReader};
+use agent_stream::auth::Scope;
+use agent_stream::storage::{db, tenants};
+
+/// Time between two appends of one producer (20 a second).
+const EVERY: Duration = Duration::from_millis(50);
+
+/// Runs the scenario against `schema` of `url`, measuring `bin serve`.
+pub async fn run(bin: &Path, url: &str, schema: &str) {
+    if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+    }
+    let runs: usize = std::env::var("MANY_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000);
+    let secs: u64 = std::env::var("MANY_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let mut owner = db::connect_owner(url, schema).await.expect("owner");
+    let key = tenants::create_tenant(&mut owner, "many", &[Scope::Read, Scope::Write])
+        .await
+        .expect("tenant")
+        .secret;
+    let mut bare = support::bare_notify(url, 300, Duration::from_millis(5)).await;
+    println!(
+        "baseline, bare NOTIFY → LISTEN (300 notifications): p50 {:.2} ms, p99 {:.2} ms",
+        support::pct(&mut bare, 0.5),
+        support::pct(&mut bare, 0.99)
+    );
+    let server = support::serve(bin, url, schema, &["--append-rate", "0", "--retention-interval", "0"]).await;
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    // The runs, running, each with its subscriber.
+    let mut http = Conn::open(&server.base).await.expect("connect");
+    let mut ids = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let run = support::create_run(&mut http, &key).await;
+        let start = json!([{"type": "run.lifecycle", "payload": {"state": "running"}}]);
+        let r = http
+            .post(&format!("/v1/runs/{run}/events"), &key, start.to_string().into())
+            .await
+            .expect("append");
+        assert_eq!(r.status, 201, "{}", r.text());
+        ids.push(run);
+    }
+    let t0 = Instant::now();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut readers = Vec::with_capacity(runs);
+    for run in &ids {
+        let path = format!("/v1/runs/{run}/stream?detail=full&after_seq=1");
+        let mut r = SseReader::open(&addr, &path, &key).await.expect("subscribe");
+        let mut stopped = stopped.clone();
+        readers.push(tokio::spawn(async move {
+            let (mut got, mut seqs) = (Vec::new(), Vec::new());
+            loop {
+                seqs.clear();
+                let open = tokio::select! {
+                    r = r.read_ids(&mut seqs) => r.unwrap_or(false),
+                    _ = stopped.wait_for(|s| *s) => break,
+                };
+                let at = t0.elapsed().as_micros() as u64;
+                got.extend(seqs.iter().map(|s| (*s, at)));
+                if !open {
+                    break;
+                }
+            }
+            got
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut watch = Conn::open(&server.base).await.expect("connect");
+    let reads0 = support::scrape(&mut watch, "agent_stream_live_reads_total").await;
+    let (cpu0, wall0) = (support::cpu_secs(server.pid), Instant::now());
+    // The producers: one connection each, an append every 50 ms for `secs`.
+    let sent: Arc<Mutex<HashMap<(usize, i64), u64>>> = Default::default();
+    let mut producers = Vec::with_capacity(runs);
+    for (i, run) in ids.iter().enumerate() {
+        let (base, key, run, sent) = (server.base.clone(), key.clone(), run.clone(), sent.clone());
+        producers.push(tokio::spawn(async move {
+            let Ok(mut http) = Conn::open(&base).await else { return 0u64 };
+            let path = format!("/v1/runs/{run}/events");
+            let mut tick = tokio::time::interval(EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let (deadline, mut n) = (Instant::now() + Duration::from_secs(secs), 0u64);
+            while Instant::now() < deadline {
+                tick.tick().await;
+                let body = json!([{"type": "text.delta", "payload": {"text": format!("token {n} ")}}]);
+                let at = t0.elapsed().as_micros() as u64;
+                match http.post(&path, &key, body.to_string().into()).await {
+                    Ok(r) if r.status == 201 => {
+                        if let Some(seq) = r.json()["last_seq"].as_i64() {
+                            sent.lock().unwrap_or_else(|p| p.into_inner()).insert((i, seq), at);
+                        }
+                        n += 1;
+                    }
+                    _ => break,
+                }
+            }
+            n
+        }));
+    }
+    let mut appended = 0u64;
+    for p in producers {
+        appended += p.await.unwrap_or(0);
+    }
+    let produced = wall0.elapsed().as_secs_f64();
+    // The backlog gets up to 10 s.
+    let expected = appended as usize;
+    let drain = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < drain {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if readers.iter().all(|r| r.is_finished()) {
+            break;
+        }
+        let reads_now = support::scrape(&mut watch, "agent_stream_live_reads_total").await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if support::scrape(&mut watch, "agent_stream_live_reads_total").await == reads_now {
+            break;
+        }
+    }
+    let (cpu, wall) = (support::cpu_secs(server.pid) - cpu0, wall0.elapsed().as_secs_f64());
+    let reads = support::scrape(&mut watch, "agent_stream_live_reads_total").await - reads0;
+    let rss = support::status_kib(server.pid, "VmRSS:");
+    let _ = stop.send(true);
+    let sent = std::mem::take(&mut *sent.lock().unwrap_or_else(|p| p.into_inner()));
+    let (mut lat, mut received) = (vec![], 0usize);
+    for (i, r) in readers.into_iter().enumerate() {
+        for (seq, at) in r.await.unwrap_or_default() {
+            if let Some(s) = sent.get(&(i, seq)) {
+                received += 1;
+                lat.push(at.saturating_sub(*s) as f64 / 1000.0);
+            }
+        }
+    }
+    let offered = runs as f64 * (1000.0 / EVERY.as_millis() as f64);
+    println!("{runs} runs, each a producer appending one text.delta every 50 ms for {secs} s and one SSE subscriber (`detail=full`)");
+    println!("| appends/s achieved (offered) | ratio to offered | append sent → receipt p50 / p99 (ms) | received / appended | server CPU | server RSS | live reads/s | live reads per append |");
+    println!("|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {:.0} ({offered:.0}) | {:.2} | {:.2} / {:.2} (target p99 ≤ 25) | {received} / {expected} | {:.0}% | {:.0} MiB | {:.0} | {:.2} |",
+        appended as f64 / produced,
+        appended as f64 / produced / offered,
+        support::pct(&mut lat, 0.5),
+        support::pct(&mut lat, 0.99),
+        100.0 * cpu / wall,
+        rss as f64 / 1024.0,
+        reads / wall,
+        reads / appended.max(1) as f64,
+    );
+}

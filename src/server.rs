@@ -164,7 +164,8 @@ async fn serve_on(database: &Database, opts: &ServeOptions) -> anyhow::Result<()
         draining.shut_down();
     };
     let router = crate::http::router(app.clone());
-    axum::serve(no_delay(listener), router).with_graceful_shutdown(stop).await?;
+    let stall = app.settings.ws.stall;
+    axum::serve(streaming(listener, stall), router).with_graceful_shutdown(stop).await?;
     if !app.sockets_closed(Duration::from_secs(2)).await {
         tracing::warn!("some WebSocket connections did not close within 2 s");
     }
@@ -185,33 +186,61 @@ pub const NOTSENT_LOWAT: u32 = 16 * 1024;
 ///   client stopped reading while the frames it would queue are still its own to shed
 ///   (seed 004 R4), and a stuck client costs little kernel memory. Bytes in flight are
 ///   not limited, so throughput over long links is not either.
-pub fn no_delay(
+/// - `TCP_USER_TIMEOUT` at `stall`: a client that takes nothing for that long (its
+///   receive window stays shut, or it is gone) has its connection dropped by the
+///   kernel, so a stuck SSE reader does not hold its page and buffers for ever; it
+///   resumes from its last id like any cut stream. (A GraphQL WebSocket is closed with
+///   1013 after the same time by its own loop, which can still say why.)
+pub fn streaming(
     listener: TcpListener,
+    stall: std::time::Duration,
 ) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
     use axum::serve::ListenerExt;
-    listener.tap_io(|tcp| {
+    let stall_ms = u32::try_from(stall.as_millis()).unwrap_or(u32::MAX);
+    listener.tap_io(move |tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "could not turn Nagle off on a connection");
         }
-        if let Err(e) = set_notsent_lowat(tcp, NOTSENT_LOWAT) {
+        if let Err(e) = set_tcp_option(tcp, TcpOption::NotsentLowat, NOTSENT_LOWAT) {
             tracing::debug!(error = %e, "could not set TCP_NOTSENT_LOWAT on a connection");
+        }
+        if let Err(e) = set_tcp_option(tcp, TcpOption::UserTimeout, stall_ms) {
+            tracing::debug!(error = %e, "could not set TCP_USER_TIMEOUT on a connection");
         }
     })
 }
 
-/// Sets `TCP_NOTSENT_LOWAT` (Linux). Neither `nix` nor `socket2` wraps this option, so
-/// this is the one `setsockopt` call made by hand.
+/// [`streaming`] with the default stall time (30 s), for tests and benches.
+pub fn no_delay(
+    listener: TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
+    streaming(listener, crate::app::WsLimits::default().stall)
+}
+
+/// The TCP options set by hand.
+#[derive(Clone, Copy)]
+enum TcpOption {
+    NotsentLowat,
+    UserTimeout,
+}
+
+/// Sets a TCP option (Linux). `nix` and `socket2` do not wrap `TCP_NOTSENT_LOWAT`, so
+/// these are the `setsockopt` calls made by hand.
 #[cfg(target_os = "linux")]
-fn set_notsent_lowat(tcp: &tokio::net::TcpStream, bytes: u32) -> std::io::Result<()> {
+fn set_tcp_option(tcp: &tokio::net::TcpStream, option: TcpOption, value: u32) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
-    let value = bytes as libc::c_int;
+    let name = match option {
+        TcpOption::NotsentLowat => libc::TCP_NOTSENT_LOWAT,
+        TcpOption::UserTimeout => libc::TCP_USER_TIMEOUT,
+    };
+    let value = libc::c_int::try_from(value).unwrap_or(libc::c_int::MAX);
     // SAFETY: the fd belongs to a live socket borrowed for the call, and the option
     // value is a c_int of the size passed.
     let rc = unsafe {
         libc::setsockopt(
             tcp.as_raw_fd(),
             libc::IPPROTO_TCP,
-            libc::TCP_NOTSENT_LOWAT,
+            name,
             (&value as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
@@ -224,7 +253,7 @@ fn set_notsent_lowat(tcp: &tokio::net::TcpStream, bytes: u32) -> std::io::Result
 }
 
 #[cfg(not(target_os = "linux"))]
-fn set_notsent_lowat(_: &tokio::net::TcpStream, _: u32) -> std::io::Result<()> {
+fn set_tcp_option(_: &tokio::net::TcpStream, _: TcpOption, _: u32) -> std::io::Result<()> {
     Ok(())
 }
 

@@ -728,6 +728,91 @@ async fn stuck_websocket_clients_are_closed_and_the_memory_comes_back() {
     }
 }
 
+/// Stuck SSE readers: 20 clients with a 4 KiB receive buffer read the response head of
+/// a live stream and then nothing, while 20,000 events of 2 KB are appended. Each holds
+/// at most its page and a few chunks while it is connected; once it has taken nothing
+/// for the stall time, the kernel drops its connection (TCP_USER_TIMEOUT), its stream
+/// ends, and the memory comes back. Before, they were held for as long as the clients
+/// kept their sockets open (20 of them took the server from 78 MB to 630 MB).
+#[tokio::test]
+async fn stuck_sse_readers_are_dropped_after_the_stall_time_and_the_memory_comes_back() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    let server = Serve::start(&t, &["--pool-idle-secs", "2", "--ws-stall-secs", "3"]).await;
+    for b in 0..5 {
+        t.append_ok_at(&server.base, &t.key_a, &run, two_kb(1000, b)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let base_rss = server.rss_kib();
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let mut stuck = vec![];
+    for _ in 0..20 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("rcvbuf");
+        let mut s = socket.connect(addr.parse().expect("addr")).await.expect("connect");
+        let req = format!(
+            "GET /v1/runs/{run}/stream?detail=full&after_seq=5001 HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\n\r\n",
+            t.key_a
+        );
+        s.write_all(req.as_bytes()).await.expect("request");
+        let mut head = [0u8; 256];
+        let n = s.read(&mut head).await.expect("head");
+        assert!(head[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head[..n]));
+        stuck.push(s);
+    }
+    let subscribers = |m: &str| -> f64 {
+        m.lines()
+            .filter(|l| l.starts_with("agent_stream_subscribers{"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    };
+    let metrics = || async {
+        reqwest::get(format!("{}/metrics", server.base)).await.expect("metrics").text().await.expect("text")
+    };
+    let mut peak = 0;
+    for b in 0..20 {
+        t.append_ok_at(&server.base, &t.key_a, &run, two_kb(1000, 100 + b)).await;
+        peak = peak.max(server.rss_kib());
+    }
+    let held = subscribers(&metrics().await);
+    // The stall time is 3 s; zero-window probes back off, so give the kernel 30 s.
+    let started = std::time::Instant::now();
+    let mut left = held;
+    while left > 0.0 && started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        left = subscribers(&metrics().await);
+    }
+    let dropped_after = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after = server.rss_kib();
+    eprintln!(
+        "20 stuck SSE readers, 20,000 events of 2 KB: {held} subscribers held after the appends; all dropped \
+         {dropped_after:.1?} later; server RSS {base_rss} KiB -> peak {peak} KiB -> {after} KiB with the \
+         clients' sockets still open on their side"
+    );
+    assert_eq!(held, 20.0, "the readers were connected while the events went out");
+    assert_eq!(left, 0.0, "the stuck readers' streams ended");
+    let slack = (base_rss / 10).max(8 << 10);
+    assert!(after <= base_rss + slack, "memory came back: {base_rss} -> {after} KiB");
+    // A reader that reads again gets a prefix of the stream from its cursor, then the
+    // end of the connection: it resumes from the last id it got.
+    let mut s = stuck.remove(0);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    let ids: Vec<i64> = text.lines().filter_map(|l| l.strip_prefix("id:")?.trim().parse().ok()).collect();
+    assert!(ids.len() < 20_000, "the reader had stopped reading");
+    assert_eq!(ids, (5_002..5_002 + ids.len() as i64).collect::<Vec<_>>(), "a prefix from the cursor");
+}
+
 /// A connection as `user` (password `pw`; `None`: the owner) whose notifications
 /// arrive on the receiver.
 async fn login_listening(

@@ -630,6 +630,45 @@ impl Serve {
         self.status_kib("RssAnon:")
     }
 
+    /// Resident memory (KiB) once it is at most `limit`, or after 20 tries a second or
+    /// so apart; with the (RSS, anonymous) samples taken. Light traffic meanwhile, as a
+    /// server sees: workers wake, take back what other threads freed for them, and give
+    /// it to the OS when they idle again (a worker that parked right after a burst and
+    /// slept since never would).
+    pub async fn rss_settling(&self, limit: u64) -> (u64, Vec<(u64, u64)>) {
+        let mut samples = vec![];
+        let mut rss = self.rss_kib();
+        for _ in 0..20 {
+            for _ in 0..3 {
+                let _ = reqwest::get(format!("{}/healthz", self.base)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            rss = self.rss_kib();
+            samples.push((rss, self.anon_kib()));
+            if rss <= limit {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        (rss, samples)
+    }
+
+    /// Live subscribers the server counts, over every transport.
+    pub async fn subscribers(&self) -> f64 {
+        let m = reqwest::get(format!("{}/metrics", self.base))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        assert!(m.contains("agent_stream_subscribers{"), "{m}");
+        // The gauge has a series per transport.
+        m.lines()
+            .filter(|l| l.starts_with("agent_stream_subscribers{"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    }
+
     fn status_kib(&self, field: &str) -> u64 {
         let pid = self.child.id().expect("pid");
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -688,19 +727,11 @@ async fn stuck_websocket_clients_are_closed_and_the_memory_comes_back() {
     // The stall time (3 s) closes the stuck sockets; idle connections go after 2 s.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let after = server.rss_kib();
-    let m =
-        reqwest::get(format!("{}/metrics", server.base)).await.expect("metrics").text().await.expect("text");
-    // The gauge has a series per transport.
-    let subscribers: f64 = m
-        .lines()
-        .filter(|l| l.starts_with("agent_stream_subscribers{"))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum();
+    let subscribers = server.subscribers().await;
     eprintln!(
         "20 stuck WebSockets, 40,000 events of 2 KB appended in {took:.1?}: server RSS {base_rss} KiB -> \
          peak {peak} KiB -> {after} KiB with the clients' connections still open ({subscribers} subscribers left)"
     );
-    assert!(m.contains("agent_stream_subscribers{"), "{m}");
     assert_eq!(subscribers, 0.0, "the stuck sockets were closed");
     // Within 10% of the baseline, or 8 MiB of a small one (the debug build starts
     // near 20 MB, where allocator and runtime slack alone is a few MB).
@@ -762,45 +793,24 @@ async fn stuck_sse_readers_are_dropped_after_the_stall_time_and_the_memory_comes
         assert!(head[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head[..n]));
         stuck.push(s);
     }
-    let subscribers = |m: &str| -> f64 {
-        m.lines()
-            .filter(|l| l.starts_with("agent_stream_subscribers{"))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum()
-    };
-    let metrics = || async {
-        reqwest::get(format!("{}/metrics", server.base)).await.expect("metrics").text().await.expect("text")
-    };
     // The most readers held at once while the events went out (on a slow database the
     // appends outlast the stall time, and the first readers go before the last append).
     let (mut peak, mut held) = (0, 0.0f64);
     for b in 0..20 {
         t.append_ok_at(&server.base, &t.key_a, &run, two_kb(1000, 100 + b)).await;
         peak = peak.max(server.rss_kib());
-        held = held.max(subscribers(&metrics().await));
+        held = held.max(server.subscribers().await);
     }
     // The stall time is 3 s; zero-window probes back off, so give the kernel 30 s.
     let started = std::time::Instant::now();
     let mut left = held;
     while left > 0.0 && started.elapsed() < Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        left = subscribers(&metrics().await);
+        left = server.subscribers().await;
     }
     let dropped_after = started.elapsed();
-    // Memory returns when workers idle after taking back what other threads freed for
-    // them: light traffic wakes them, as any server's would (see hostile.rs).
     let slack = (base_rss / 10).max(8 << 10);
-    let mut after = server.rss_kib();
-    for _ in 0..20 {
-        for _ in 0..3 {
-            let _ = reqwest::get(format!("{}/healthz", server.base)).await;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        after = server.rss_kib();
-        if after <= base_rss + slack {
-            break;
-        }
-    }
+    let (after, _) = server.rss_settling(base_rss + slack).await;
     eprintln!(
         "20 stuck SSE readers, 20,000 events of 2 KB: at most {held} subscribers held during the appends; \
          all dropped {dropped_after:.1?} after them; server RSS {base_rss} KiB -> peak {peak} KiB -> {after} KiB with the \

@@ -613,23 +613,7 @@ async fn the_hostile_corpus_gets_no_5xx_writes_nothing_and_leaves_memory_as_it_w
     // The attack is over: idle connections close after 2 s and the allocator returns
     // what it freed when its threads idle; give it up to 20 s, watching.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let mut samples = vec![];
-    let mut after = server.rss_kib();
-    for _ in 0..20 {
-        // Light traffic, as a server sees: workers wake, take back what other threads
-        // freed for them, and give it to the OS when they idle again (a worker that
-        // parked right after the attack and slept since never would).
-        for _ in 0..3 {
-            let _ = reqwest::get(format!("{base}/healthz")).await;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        after = server.rss_kib();
-        samples.push((after, server.anon_kib()));
-        if after <= baseline + baseline / 10 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    let (after, samples) = server.rss_settling(baseline + baseline / 10).await;
     eprintln!("anonymous memory {anon_baseline} KiB at the baseline; after the attack (RSS, anon) each second: {samples:?}");
     let after_counts = counts().await;
     eprintln!(

@@ -7,6 +7,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::common::TestApp;
+use crate::process::Serve;
 
 /// `--cors-origin '*'` panicked while the router was built; it now means any origin.
 #[tokio::test]
@@ -574,110 +575,6 @@ async fn subscriptions_per_socket_and_sockets_per_key_are_capped() {
     drop(socket);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let _again = ws::acked(&t, &t.key_a).await;
-}
-
-/// An `agent-stream serve` process on the test's schema, for memory figures of the
-/// server alone.
-pub struct Serve {
-    child: tokio::process::Child,
-    /// `http://127.0.0.1:<port>`
-    pub base: String,
-}
-
-impl Serve {
-    pub async fn start(t: &TestApp, extra: &[&str]) -> Serve {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("port");
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agent-stream"))
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--schema",
-                &t.db.schema,
-                "--retention-interval",
-                "0",
-            ])
-            .args(extra)
-            .env("DATABASE_URL", &t.db.url)
-            .env("RUST_LOG", "warn")
-            .envs(std::env::vars().filter(|(k, _)| k.starts_with("MIMALLOC_")))
-            .stdout(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn agent-stream");
-        let base = format!("http://127.0.0.1:{port}");
-        for _ in 0..200 {
-            if reqwest::get(format!("{base}/healthz")).await.is_ok() {
-                return Serve { child, base };
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("server did not start");
-    }
-
-    /// Resident memory of the process, KiB.
-    pub fn rss_kib(&self) -> u64 {
-        self.status_kib("VmRSS:")
-    }
-
-    /// Resident anonymous memory (heap, stacks), KiB: what requests can make grow. The
-    /// rest of RSS is the binary's own pages, which the first call of a code path
-    /// (an error path, say) brings in once, shared and reclaimable.
-    pub fn anon_kib(&self) -> u64 {
-        self.status_kib("RssAnon:")
-    }
-
-    /// Resident memory (KiB) once it is at most `limit`, or after 20 tries a second or
-    /// so apart; with the (RSS, anonymous) samples taken. Light traffic meanwhile, as a
-    /// server sees: workers wake, take back what other threads freed for them, and give
-    /// it to the OS when they idle again (a worker that parked right after a burst and
-    /// slept since never would).
-    pub async fn rss_settling(&self, limit: u64) -> (u64, Vec<(u64, u64)>) {
-        let mut samples = vec![];
-        let mut rss = self.rss_kib();
-        for _ in 0..20 {
-            for _ in 0..3 {
-                let _ = reqwest::get(format!("{}/healthz", self.base)).await;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            rss = self.rss_kib();
-            samples.push((rss, self.anon_kib()));
-            if rss <= limit {
-                break;
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        (rss, samples)
-    }
-
-    /// Live subscribers the server counts, over every transport.
-    pub async fn subscribers(&self) -> f64 {
-        let m = reqwest::get(format!("{}/metrics", self.base))
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text");
-        assert!(m.contains("agent_stream_subscribers{"), "{m}");
-        // The gauge has a series per transport.
-        m.lines()
-            .filter(|l| l.starts_with("agent_stream_subscribers{"))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum()
-    }
-
-    fn status_kib(&self, field: &str) -> u64 {
-        let pid = self.child.id().expect("pid");
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
-    }
 }
 
 /// `n` events of about 2 KB each.

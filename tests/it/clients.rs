@@ -12,76 +12,7 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
 use crate::common::TestApp;
-
-/// A server process on the test's schema that can be killed and started again on the
-/// same port (clients reconnect to the URL they were given).
-struct Server {
-    child: Option<Child>,
-    port: u16,
-    schema: String,
-    url: String,
-}
-
-impl Server {
-    async fn start(t: &TestApp) -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("port");
-        let mut s = Server { child: None, port, schema: t.db.schema.clone(), url: t.db.url.clone() };
-        s.restart().await;
-        s
-    }
-
-    fn base(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// Starts the process (again) and waits until it answers.
-    async fn restart(&mut self) {
-        for _ in 0..5 {
-            let child = Command::new(env!("CARGO_BIN_EXE_agent-stream"))
-                .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port), "--schema", &self.schema])
-                .args(["--retention-interval", "0"])
-                .env("DATABASE_URL", &self.url)
-                .env("RUST_LOG", "warn")
-                .stdout(Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .expect("spawn agent-stream");
-            self.child = Some(child);
-            for _ in 0..200 {
-                if reqwest::get(format!("{}/healthz", self.base())).await.is_ok() {
-                    return;
-                }
-                if let Some(Ok(Some(_))) = self.child.as_mut().map(Child::try_wait) {
-                    break; // it exited (the port not free yet): try again
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        panic!("server did not start");
-    }
-
-    /// SIGTERM: the service drains and ends its streams cleanly, then exits.
-    async fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let pid = nix::unistd::Pid::from_raw(c.id().expect("pid") as i32);
-            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("term");
-            let _ = tokio::time::timeout(Duration::from_secs(30), c.wait()).await;
-        }
-    }
-
-    /// SIGKILL: no shutdown, no close frames; sockets are reset by the kernel.
-    async fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let pid = nix::unistd::Pid::from_raw(c.id().expect("pid") as i32);
-            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("kill");
-            let _ = c.wait().await;
-        }
-    }
-}
+use crate::process::Serve;
 
 fn node_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node");
@@ -172,8 +103,8 @@ async fn graphql_ws_reconnects_across_a_service_restart_without_duplicates() {
         json!([{"type": "run.lifecycle", "payload": {"state": "running"}}, delta("a")]),
     )
     .await;
-    let mut server = Server::start(&t).await;
-    let base = server.base();
+    let mut server = Serve::start(&t, &[]).await;
+    let base = server.base.clone();
     let mut following = Script::spawn("graphql_ws_resume.mjs", &[&base, &t.key_a, &run]);
     let mut naive = Script::spawn("graphql_ws_resume.mjs", &[&base, &t.key_a, &run, "--static"]);
     // The never-disconnected client, on the in-process server that is never killed.
@@ -213,7 +144,7 @@ async fn graphql_ws_reconnects_across_a_service_restart_without_duplicates() {
     assert_eq!(n.seqs(), twice, "a static afterSeq repeats what the client had");
 
     // After the run has ended: a new client gets the whole run, then the completion.
-    let mut after = Script::spawn("graphql_ws_resume.mjs", &[&server.base(), &t.key_a, &run]);
+    let mut after = Script::spawn("graphql_ws_resume.mjs", &[&server.base.clone(), &t.key_a, &run]);
     let mut a = Received::default();
     a.read_until(&mut after, None).await;
     assert_eq!(a.events, s.events);
@@ -268,10 +199,10 @@ async fn the_ai_sdk_chat_transport_posts_and_resumes_across_a_service_restart() 
     let t = TestApp::new().await;
     let run = t.create_run(&t.key_a).await;
     t.append_ok(&t.key_a, &run, json!([running()])).await;
-    let mut server = Server::start(&t).await;
+    let mut server = Serve::start(&t, &[]).await;
     let mut steady = Script::spawn("chat.mjs", &["send", &t.base, &t.key_a, &run, "hello"]);
     read_script(&mut steady, Some("data-message")).await;
-    let mut cut = Script::spawn("chat.mjs", &["send", &server.base(), &t.key_a, &run, "hello"]);
+    let mut cut = Script::spawn("chat.mjs", &["send", &server.base.clone(), &t.key_a, &run, "hello"]);
     read_script(&mut cut, Some("data-message")).await;
     // The runtime answers by appending.
     let start = json!({"type": "message.start", "payload": {"message_id": "a1", "role": "assistant"}});
@@ -317,7 +248,7 @@ async fn the_ai_sdk_chat_transport_posts_and_resumes_across_a_service_restart() 
 
     // After the end: resumeStream gets 204 (the chat stays ready and empty), and a new
     // message is refused with RUN-CLOSED.
-    let mut late = Script::spawn("chat.mjs", &["late", &server.base(), &t.key_a, &run, "too late"]);
+    let mut late = Script::spawn("chat.mjs", &["late", &server.base.clone(), &t.key_a, &run, "too late"]);
     let l = read_script(&mut late, None).await;
     assert_eq!(l["afterResume"], json!({"status": "ready", "messages": 0}), "{l}");
     assert_eq!(l["status"], "error", "{l}");
@@ -325,7 +256,7 @@ async fn the_ai_sdk_chat_transport_posts_and_resumes_across_a_service_restart() 
     assert_eq!(t.events(&t.key_a, &run).await.len(), events.len(), "nothing written");
     let r = t
         .http
-        .get(format!("{}/v1/chat/{run}/stream", server.base()))
+        .get(format!("{}/v1/chat/{run}/stream", server.base.clone()))
         .bearer_auth(&t.key_a)
         .send()
         .await
@@ -366,10 +297,10 @@ async fn the_ag_ui_http_agent_posts_and_reruns_across_a_service_restart() {
     let t = TestApp::new().await;
     let run = t.create_run(&t.key_a).await;
     t.append_ok(&t.key_a, &run, json!([running()])).await;
-    let mut server = Server::start(&t).await;
+    let mut server = Serve::start(&t, &[]).await;
     let mut steady = Script::spawn("agui.mjs", &["send", &t.base, &t.key_a, &run, "hello"]);
     read_script(&mut steady, Some("MESSAGES_SNAPSHOT")).await;
-    let mut cut = Script::spawn("agui.mjs", &["send", &server.base(), &t.key_a, &run, "hello"]);
+    let mut cut = Script::spawn("agui.mjs", &["send", &server.base.clone(), &t.key_a, &run, "hello"]);
     read_script(&mut cut, Some("MESSAGES_SNAPSHOT")).await;
     let start = json!({"type": "message.start", "payload": {"message_id": "a1", "role": "assistant"}});
     t.append_ok(&t.key_a, &run, json!([start, assistant_delta("Hi"), assistant_delta(" there")])).await;
@@ -412,7 +343,7 @@ async fn the_ag_ui_http_agent_posts_and_reruns_across_a_service_restart() {
     assert_eq!(c["state"], s["state"], "and its state");
 
     eprintln!("the cut agent's errors: {}", c["errors"]);
-    let mut late = Script::spawn("agui.mjs", &["late", &server.base(), &t.key_a, &run, "too late"]);
+    let mut late = Script::spawn("agui.mjs", &["late", &server.base.clone(), &t.key_a, &run, "too late"]);
     let l = read_script(&mut late, None).await;
     assert_eq!(l["runs"], 1, "{l}");
     assert_eq!(l["state"], s["state"], "{l}");
@@ -651,8 +582,8 @@ async fn the_durable_streams_client_reads_tails_and_resumes_a_run() {
     let t = TestApp::new().await;
     let run = t.create_run(&t.key_a).await;
     t.append_ok(&t.key_a, &run, json!([running(), delta("a"), delta("b")])).await;
-    let mut server = Server::start(&t).await;
-    let base = server.base();
+    let mut server = Serve::start(&t, &[]).await;
+    let base = server.base.clone();
     let mut sse = Script::spawn("durable.mjs", &[&base, &t.key_a, &run, "sse"]);
     let mut poll = Script::spawn("durable.mjs", &[&base, &t.key_a, &run, "long-poll"]);
     let (mut s, _) = read_durable(&mut sse, Some(3)).await;
@@ -695,14 +626,14 @@ async fn the_durable_streams_client_reads_tails_and_resumes_a_run() {
     assert_eq!(p_end["streamClosed"], true, "{p_end}");
 
     // After the end: catch-up reads the whole run and closes; a saved offset resumes.
-    let mut c = Script::spawn("durable.mjs", &[&server.base(), &t.key_a, &run, "catchup"]);
+    let mut c = Script::spawn("durable.mjs", &[&server.base.clone(), &t.key_a, &run, "catchup"]);
     let (events, end) = read_durable(&mut c, None).await;
     assert_eq!(seqs_of(&events), all);
     assert_eq!(end["streamClosed"], true, "{end}");
     let saved = saved.expect("the offset of the batch that held seq 4");
     let after: i64 = saved.parse().expect("our offsets are digits");
     assert!(after >= 4, "{saved}");
-    let mut r = Script::spawn("durable.mjs", &[&server.base(), &t.key_a, &run, "sse", &saved]);
+    let mut r = Script::spawn("durable.mjs", &[&server.base.clone(), &t.key_a, &run, "sse", &saved]);
     let (events, end) = read_durable(&mut r, None).await;
     assert_eq!(seqs_of(&events), (after + 1..=stored.len() as i64).collect::<Vec<_>>());
     assert_eq!(end["streamClosed"], true, "{end}");

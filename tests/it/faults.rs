@@ -8,62 +8,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 
 use crate::common::TestApp;
-
-/// A server process on the test's schema.
-struct Server {
-    child: tokio::process::Child,
-    base: String,
-}
-
-impl Server {
-    async fn start(t: &TestApp) -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("port");
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agent-stream"))
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--schema",
-                &t.db.schema,
-                "--retention-interval",
-                "0",
-            ])
-            .env("DATABASE_URL", &t.db.url)
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn agent-stream");
-        let base = format!("http://127.0.0.1:{port}");
-        for _ in 0..200 {
-            if reqwest::get(format!("{base}/healthz")).await.is_ok() {
-                return Server { child, base };
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("server did not start");
-    }
-
-    fn pid(&self) -> nix::unistd::Pid {
-        nix::unistd::Pid::from_raw(self.child.id().expect("pid") as i32)
-    }
-
-    fn signal(&self, s: nix::sys::signal::Signal) {
-        nix::sys::signal::kill(self.pid(), s).expect("signal");
-    }
-
-    fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
-    }
-}
+use crate::process::Serve;
 
 fn batch(n: usize, tag: usize) -> Value {
     Value::Array((0..n).map(|i| json!({"type": "text.delta", "payload": {"text": format!("{tag}-{i} {}", "y".repeat(200))}})).collect())
@@ -75,7 +20,7 @@ fn batch(n: usize, tag: usize) -> Value {
 async fn sigkill_mid_batch_leaves_whole_batches_or_none() {
     let t = TestApp::new().await;
     let run = t.create_run(&t.key_a).await;
-    let server = Server::start(&t).await;
+    let server = Serve::start(&t, &[]).await;
     let http = reqwest::Client::new();
     let (n, batches) = (5_000usize, 6usize);
     let mut sends = vec![];
@@ -128,7 +73,7 @@ async fn sigterm_drains_appends_and_closes_streams_cleanly() {
     let t = TestApp::new().await;
     let run = t.create_run(&t.key_a).await;
     t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
-    let mut server = Server::start(&t).await;
+    let mut server = Serve::start(&t, &[]).await;
     let http = reqwest::Client::new();
     let r = http
         .get(format!("{}/v1/runs/{run}/stream?detail=full", server.base))
@@ -208,8 +153,8 @@ async fn sigterm_drains_appends_and_closes_streams_cleanly() {
     drop(half_tx);
     let status = append.await.expect("task");
     eprintln!("append in flight at SIGTERM answered {status:?}");
-    let exited = tokio::time::timeout(Duration::from_secs(20), server.child.wait()).await;
-    assert!(exited.is_ok_and(|s| s.is_ok_and(|s| s.success())), "the process exits by itself, successfully");
+    let exited = server.exited(Duration::from_secs(20)).await;
+    assert!(exited.is_some_and(|s| s.success()), "the process exits by itself, successfully");
     let (text, clean) =
         tokio::time::timeout(Duration::from_secs(5), reader).await.expect("stream ended").expect("task");
     assert!(clean, "the stream ended with a clean close, not a reset");
@@ -224,7 +169,7 @@ async fn sigterm_drains_appends_and_closes_streams_cleanly() {
     assert_eq!(status.ok(), Some(201), "the append in flight finished");
     assert_eq!(stored, 2_001, "all of it");
     // Resume on a new process after the last id received.
-    let server2 = Server::start(&t).await;
+    let server2 = Serve::start(&t, &[]).await;
     t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "done"}}])).await;
     let last = ids.last().copied().unwrap_or(0);
     let rest = http
@@ -258,7 +203,7 @@ async fn a_client_that_never_reads_does_not_grow_server_memory() {
     let t = TestApp::new().await;
     let run = t.create_run(&t.key_a).await;
     t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
-    let server = Server::start(&t).await;
+    let server = Serve::start(&t, &[]).await;
     // Warm up the append path first, so the comparison is about the streams alone
     // (the allocator keeps what a workload once needed).
     for b in 0..40 {

@@ -312,7 +312,7 @@ async fn hostile_http_and_graphql_input_gets_4xx_with_a_code_and_writes_nothing(
 /// corpus twice more: what it leaves behind beyond that is what the attack cost.
 #[tokio::test]
 async fn the_hostile_corpus_gets_no_5xx_writes_nothing_and_leaves_memory_as_it_was() {
-    use crate::attack::Serve;
+    use crate::process::Serve;
     use agent_stream::auth::Scope;
     use std::time::Duration;
     let t = TestApp::new().await;

@@ -19,6 +19,7 @@ mod live;
 mod migrations;
 mod openapi;
 mod ops;
+mod process;
 mod projection;
 mod readme;
 mod seed004;

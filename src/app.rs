@@ -418,6 +418,21 @@ impl App {
         Ok(enc)
     }
 
+    /// The tail of a live stream encoded by `enc` from `base`: a dialect that reads the
+    /// view gets its items from the run's shared fold (the tail's batches carry them), so
+    /// the encoding hands its view to the tail, which needs it only for what it reads on
+    /// its own.
+    pub fn live_tail(
+        &self,
+        who: Principal,
+        enc: &mut crate::dialect::Encoding,
+        base: i64,
+    ) -> crate::live::Tail {
+        let want = crate::live::Want::of(enc.format());
+        let view = want.and_then(|_| enc.detach_view());
+        crate::live::Tail::rendering(self.live.clone(), who, enc.run().clone(), base, want, view)
+    }
+
     /// A page of the tenant's runs, newest first.
     pub async fn list_runs(&self, who: &Principal, q: &runs::RunQuery) -> Result<Vec<RunInfo>> {
         who.require(Scope::Read)?;

@@ -114,6 +114,12 @@ fn service(r: &mut Registry, app: &App) {
     );
     gauge(r, "listener_up", "1 while the LISTEN connection is up", i64::from(app.live.listening()));
     counter(r, "view_folded_events", "Events folded by the view cache", app.live.views.folded_events());
+    counter(
+        r,
+        "live_folded_events",
+        "Events folded for live delivery (once per run by its feed, plus subscribers' own catch-up)",
+        app.live.feeds.folds(),
+    );
     let pool = app.db.pool.status();
     gauge(r, "db_pool_size", "Database connections open", pool.size as i64);
     gauge(r, "db_pool_available", "Idle database connections", pool.available as i64);

@@ -10,11 +10,11 @@ use super::error::GqlResult;
 use super::schema::GqlRun;
 use super::schema::{app, caller, GqlEvent};
 use crate::app::check_cursor;
-use crate::dialect::{Cursor, Format};
+use crate::dialect::{Cursor, Format, RunCtx};
 use crate::error::{Error, ErrorCode};
 use crate::live::activity::{self, ActivityKind};
-use crate::live::Tail;
-use crate::projection::{updates, ViewUpdate};
+use crate::live::{Tail, Want};
+use crate::projection::ViewUpdate;
 use crate::storage::events::Filter;
 use serde_json::Value;
 
@@ -68,10 +68,16 @@ fn batches(tail: Tail) -> impl Stream<Item = crate::live::Batch> {
 }
 
 /// A tail's events as a stream, each still in the page it shares with the run's other
-/// subscribers; ends after the run's terminal event.
-fn events(tail: Tail) -> impl Stream<Item = GqlEvent> {
-    batches(tail).flat_map(|b| {
-        let events: Vec<GqlEvent> = (0..b.events().len()).map(|i| GqlEvent::shared(&b, i)).collect();
+/// subscribers, with its items in `format` as the run's fold rendered them (when the
+/// tail wants that rendering); ends after the run's terminal event.
+fn events(tail: Tail, format: Option<Format>) -> impl Stream<Item = (GqlEvent, Option<Vec<Value>>)> {
+    batches(tail).flat_map(move |b| {
+        let mut encoded = format.and_then(|f| b.rendered(f)).map(|r| {
+            r.map(|items| items.iter().filter_map(|o| o.to_json()).collect::<Vec<_>>()).collect::<Vec<_>>()
+        });
+        let events: Vec<_> = (0..b.events().len())
+            .map(|i| (GqlEvent::shared(&b, i), encoded.as_mut().map(|e| std::mem::take(&mut e[i]))))
+            .collect();
         futures::stream::iter(events)
     })
 }
@@ -112,12 +118,19 @@ impl Subscription {
         let filter = Filter::new(types, child_id).gql()?;
         let delivery = app.metrics.subscription(crate::metrics::Transport::GRAPHQL_WS);
         let traced = app.clone();
-        let events = events(Tail::new(app.live.clone(), who, run.run_id, after)).filter_map(move |mut g| {
+        // The items come from the run's shared fold: the encoding's view goes to the tail,
+        // for what it reads on its own.
+        let tail = match enc.as_mut() {
+            Some(enc) => app.live_tail(who, enc, after),
+            None => Tail::new(app.live.clone(), who, run.run_id, after),
+        };
+        let rendered = enc.as_ref().map(|e| e.format());
+        let events = events(tail, rendered).filter_map(move |(mut g, items)| {
             let e = g.event();
-            let encoded = enc.as_mut().map(|enc| {
-                let mut items = std::mem::take(&mut opening);
-                items.extend(enc.push(e).iter().filter_map(|o| o.json().cloned()));
-                items
+            let encoded = rendered.map(|_| {
+                let mut all = std::mem::take(&mut opening);
+                all.extend(items.unwrap_or_default());
+                all
             });
             let keep = filter.keeps(e);
             if keep {
@@ -163,16 +176,22 @@ impl Subscription {
         let first = snapshot.then(|| ViewUpdate::snapshot(Arc::new(view.clone())));
         let delivery = app.metrics.subscription(crate::metrics::Transport::GRAPHQL_WS);
         let traced = app.clone();
-        let live = batches(Tail::new(app.live.clone(), who, run.run_id, start))
-            .scan(view, move |view, batch| {
+        // The updates come from the run's shared fold; the view at the start is the
+        // tail's, for what it reads on its own.
+        let ctx = RunCtx { run_id: run.run_id.clone(), root_run_id: run.root_run_id.clone() };
+        let tail = Tail::rendering(app.live.clone(), who, ctx, start, Some(Want::Updates), Some(view));
+        let live = batches(tail)
+            .map(move |batch| {
                 let mut out = vec![];
                 for e in batch.events() {
                     delivery.delivered(e);
                     traced.traces.delivered(&e.run_id, e.seq, "graphql_ws");
-                    let change = view.apply(e);
-                    out.extend(updates(view, e.seq, change));
                 }
-                futures::future::ready(Some(out))
+                // A tail that wants updates hands out batches that carry them.
+                for ups in batch.updates().into_iter().flatten() {
+                    out.extend_from_slice(ups);
+                }
+                out
             })
             .flat_map(futures::stream::iter);
         let live = if finished { futures::stream::empty().left_stream() } else { live.right_stream() };

@@ -12,7 +12,6 @@ use crate::domain::input::{check_batch_size, check_keys, parse_event};
 use crate::domain::Batch;
 use crate::error::Result;
 use crate::live::shed::Shedder;
-use crate::live::Tail;
 use crate::storage::runs::RunInfo;
 
 /// A user message a client sent: its id (the client's) and its text.
@@ -94,8 +93,8 @@ pub(super) async fn stream_at(
 ) -> Result<Response> {
     let ended = run.state.is_some_and(|s| s.is_terminal());
     let base = cursor.complete_seq();
-    let enc = app.encoding(&who, &run, format, base).await?;
-    let tail = Tail::new(app.live.clone(), who, run.run_id, base);
+    let mut enc = app.encoding(&who, &run, format, base).await?;
+    let tail = app.live_tail(who, &mut enc, base);
     let shedder = Shedder::new(app.settings.shedding, !ended);
     Ok(super::stream::sse_response(super::stream::Sending::new(tail, enc, false, shedder, &cursor), format))
 }

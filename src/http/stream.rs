@@ -128,15 +128,10 @@ pub(super) async fn open(
         return Ok(None);
     }
     let base = cursor.complete_seq();
-    let enc = app.encoding(&who, &run, format, base).await?;
+    let mut enc = app.encoding(&who, &run, format, base).await?;
     let shedding = app.settings.shedding;
     let delivery = app.metrics.subscription(transport);
-    let tail = Live {
-        tail: Tail::new(app.live.clone(), who, run.run_id, base),
-        delivery,
-        transport,
-        app: app.clone(),
-    };
+    let tail = Live { tail: app.live_tail(who, &mut enc, base), delivery, transport, app: app.clone() };
     Ok(Some(Sending::new(tail, enc, raw, Shedder::new(shedding, !ended), &cursor)))
 }
 
@@ -168,7 +163,7 @@ impl Source for Live {
 
 /// The SSE response for a stream, with the dialect's headers.
 pub(super) fn sse_response<S: Source + Send + 'static>(state: Sending<S>, format: Format) -> Response {
-    let mut r = super::sse::response(chunks(state));
+    let mut r = super::sse::response(chunks(state.sse_pages()));
     for (k, v) in format.sse_headers() {
         r.headers_mut().insert(*k, axum::http::HeaderValue::from_static(v));
     }
@@ -224,6 +219,18 @@ pub(super) struct Sending<S> {
     /// The client was told it is being shed ([`shed_notice`]) since it last got
     /// everything.
     warned: bool,
+    /// An SSE stream, which may send a page's shared frames ([`Sending::shared_page`]).
+    sse_pages: bool,
+    /// A page's shared frames, next to go.
+    page: Option<std::sync::Arc<[bytes::Bytes]>>,
+}
+
+/// What a stream sends next.
+enum Next {
+    /// Items, framed by the transport.
+    Items(Vec<Out>),
+    /// A whole page's SSE frames, shared with the page's other subscribers.
+    Page(std::sync::Arc<[bytes::Bytes]>),
 }
 
 impl<S: Source> Sending<S> {
@@ -257,15 +264,21 @@ impl<S: Source> Sending<S> {
             ended: false,
             dropped: 0,
             warned: false,
+            sse_pages: false,
+            page: None,
         }
     }
 
-    /// The next items to send; `None` ends the stream.
-    async fn next(&mut self) -> Option<Vec<Out>> {
+    /// The next items to send (or a whole page's shared SSE frames); `None` ends the
+    /// stream.
+    async fn next(&mut self) -> Option<Next> {
         loop {
+            if let Some(frames) = self.page.take() {
+                return Some(Next::Page(frames));
+            }
             if !self.ready.is_empty() {
                 let n = self.ready.len().min(ITEMS_PER_STEP);
-                return Some(self.ready.drain(..n).collect());
+                return Some(Next::Items(self.ready.drain(..n).collect()));
             }
             if self.ended {
                 return None;
@@ -288,7 +301,10 @@ impl<S: Source> Sending<S> {
             match next {
                 Some(batch) => {
                     self.level = self.shedder.level(self.source.behind(), Instant::now());
-                    self.batch = Some((batch, 0));
+                    match self.shared_page(&batch) {
+                        Some(frames) => self.page = Some(frames),
+                        None => self.batch = Some((batch, 0)),
+                    }
                 }
                 None => {
                     self.ended = true;
@@ -304,13 +320,90 @@ impl<S: Source> Sending<S> {
     /// The next items as a transport sends them: the terminal item carries
     /// `dropped_count` (R4). `None` ends the stream.
     pub(super) async fn next_items(&mut self) -> Option<Vec<Out>> {
-        let mut items = self.next().await?;
+        loop {
+            match self.next().await? {
+                Next::Items(items) => return Some(self.annotated(items)),
+                // Only an SSE stream ([`Sending::sse_pages`]) takes whole pages.
+                Next::Page(_) => debug_assert!(false, "a page's frames for a stream that sends items"),
+            }
+        }
+    }
+
+    fn annotated(&self, mut items: Vec<Out>) -> Vec<Out> {
         for o in items.iter_mut().filter(|o| o.terminal) {
             if self.dropped > 0 || self.enc.format() == Format::Native {
                 self.enc.annotate_dropped(o, self.dropped);
             }
         }
-        Some(items)
+        items
+    }
+
+    /// The next SSE body chunks: a whole page's frames as the page shares them, or the
+    /// items' frames. `None` ends the stream.
+    async fn next_chunks(&mut self, out: &mut std::collections::VecDeque<bytes::Bytes>) -> Option<()> {
+        match self.next().await? {
+            Next::Items(items) => super::sse::chunks(&self.annotated(items), out),
+            Next::Page(frames) => out.extend(frames.iter().cloned()),
+        }
+        Some(())
+    }
+
+    /// Lets this stream take whole pages as SSE frames shared by every subscriber of the
+    /// page in the same dialect (see [`Sending::shared_page`]).
+    fn sse_pages(mut self) -> Self {
+        self.sse_pages = true;
+        self
+    }
+
+    /// The frames of `batch` as body chunks, built by the first `detail=full` SSE
+    /// stream of its page in this dialect and shared by the rest, when nothing of this
+    /// stream's own applies to it: the batch is the whole page, nothing is shed, held
+    /// for a resume or pending in the shaper, the dialect resumes exactly (no floor on
+    /// ids), and the run does not end in it (the terminal item carries this stream's
+    /// `dropped_count`). The bytes are those the item path would send: raw items go out
+    /// in order with their own positions as ids.
+    fn shared_page(&mut self, batch: &Batch) -> Option<std::sync::Arc<[bytes::Bytes]>> {
+        let format = self.enc.format();
+        if !self.sse_pages
+            || !self.shaper.is_raw()
+            || self.shaper.has_pending()
+            || self.level.is_some()
+            || !self.resumer.is_done()
+            || self.enc.resume() != Resume::Exact
+            || !batch.is_whole()
+            || batch.events().iter().any(crate::domain::Event::is_run_end)
+        {
+            return None;
+        }
+        if format != Format::Native && batch.rendered(format).is_none() {
+            return None;
+        }
+        let last = batch.events().last()?.seq;
+        let enc = &self.enc;
+        let frames = batch.shared_frames(format, || {
+            let mut items = vec![];
+            match batch.rendered(format) {
+                Some(rendered) => rendered.for_each(|one| items.extend_from_slice(one)),
+                // Native renders from the event alone (no fold), into the page's wire.
+                None => {
+                    let mut enc = Encoding::new(format, enc.run().clone(), crate::projection::RunView::new());
+                    for (e, wire) in batch.iter() {
+                        enc.push_into(e, Some(wire), &mut items);
+                    }
+                }
+            }
+            for o in &mut items {
+                o.id = Some(o.position());
+            }
+            // The chunks the item path makes (at most `sse::CHUNK` each, as hyper's
+            // queue of 16 chunks is what bounds a stalled reader), made once.
+            let mut chunks = std::collections::VecDeque::new();
+            super::sse::chunks(&items, &mut chunks);
+            chunks.into()
+        })?;
+        self.shaper.passed(Cursor::at(last));
+        self.warned = false;
+        Some(frames)
     }
 
     /// Encodes up to [`EVENTS_PER_STEP`] events of `batch` from index `from`, keeping
@@ -318,8 +411,18 @@ impl<S: Source> Sending<S> {
     fn encode(&mut self, batch: &Batch, from: usize) {
         let to = (from + EVENTS_PER_STEP).min(batch.events().len());
         let mut items = Vec::with_capacity(to - from);
-        for (e, wire) in batch.iter().skip(from).take(to - from) {
-            self.enc.push_into(e, Some(wire), &mut items);
+        match batch.rendered(self.enc.format()) {
+            // Rendered once by the run's fold for every subscriber of this dialect.
+            Some(rendered) => {
+                for one in rendered.skip(from).take(to - from) {
+                    items.extend_from_slice(one);
+                }
+            }
+            None => {
+                for (e, wire) in batch.iter().skip(from).take(to - from) {
+                    self.enc.push_into(e, Some(wire), &mut items);
+                }
+            }
         }
         if to < batch.events().len() {
             self.batch = Some((batch.clone(), to));
@@ -383,8 +486,7 @@ fn chunks<S: Source + Send + 'static>(state: Sending<S>) -> impl Stream<Item = b
     let ready = std::collections::VecDeque::new();
     futures::stream::unfold((state, ready), |(mut s, mut ready)| async move {
         while ready.is_empty() {
-            let items = s.next_items().await?;
-            super::sse::chunks(&items, &mut ready);
+            s.next_chunks(&mut ready).await?;
         }
         let c = ready.pop_front()?;
         Some((c, (s, ready)))
@@ -443,7 +545,7 @@ mod tests {
         let shedder = Shedder::new(Shedding::default(), true);
         let mut s = Sending::new(Channel(rx), enc, raw, shedder, &Cursor::at(0));
         let mut frames = vec![];
-        while let Some(f) = s.next().await {
+        while let Some(f) = s.next_items().await {
             frames.extend(f);
         }
         frames
@@ -521,6 +623,75 @@ mod tests {
             assert!(x.same(y), "rendered once, shared");
             let parsed: serde_json::Value = serde_json::from_slice(x.json()).expect("json");
             assert_eq!(Some(&parsed), p.json(), "same JSON as the unshared path");
+        }
+    }
+
+    /// Pages handed out in order, the same pages to every stream built over them.
+    struct Pages(std::collections::VecDeque<Batch>);
+
+    impl Source for Pages {
+        async fn next_batch(&mut self) -> Option<Batch> {
+            self.0.pop_front()
+        }
+        fn behind(&self) -> i64 {
+            0
+        }
+    }
+
+    /// `detail=full` SSE streams of a page share its frames as one chunk, built once,
+    /// and those bytes are exactly what the item path sends, in every dialect that takes
+    /// the shortcut and in the one that does not (agui resynchronises).
+    #[tokio::test]
+    async fn a_pages_shared_frames_are_the_item_paths_bytes() {
+        let events = stored(&[
+            json!({"type": "run.lifecycle", "payload": {"state": "running"}}),
+            json!({"type": "message.start", "payload": {"message_id": "m", "role": "assistant"}}),
+            json!({"type": "text.delta", "payload": {"text": "a\nb"}}),
+            json!({"type": "tool.start", "payload": {"call_id": "c", "tool": "t"}}),
+            json!({"type": "custom.x", "payload": {"n": 1}}),
+            json!({"type": "tool.end", "payload": {"call_id": "c", "ok": true}}),
+            json!({"type": "message.end", "payload": {"message_id": "m", "stop_reason": "end_turn"}}),
+        ]);
+        for format in [Format::Native, Format::Multica, Format::Typed, Format::Agui] {
+            // Pages as a run's feed makes them: rendered by the fold for the dialect.
+            let mut view = RunView::new();
+            let pages: Vec<Batch> = events
+                .chunks(3)
+                .map(|page| {
+                    let wants: Vec<_> = crate::live::Want::of(format).into_iter().collect();
+                    Batch::whole(crate::live::PageData::folded(
+                        &mut view,
+                        &RunCtx::default(),
+                        page.to_vec(),
+                        &wants,
+                    ))
+                })
+                .collect();
+            let body = |pages: &[Batch], shared: bool| {
+                let enc = Encoding::new(format, RunCtx::default(), RunView::new());
+                let shedder = Shedder::new(Shedding::default(), true);
+                let mut s =
+                    Sending::new(Pages(pages.iter().cloned().collect()), enc, true, shedder, &Cursor::at(0));
+                if shared {
+                    s = s.sse_pages();
+                }
+                async move {
+                    let mut out = std::collections::VecDeque::new();
+                    while s.next_chunks(&mut out).await.is_some() {}
+                    out.into_iter().collect::<Vec<_>>()
+                }
+            };
+            let items = body(&pages, false).await.concat();
+            let (a, b) = (body(&pages, true).await, body(&pages, true).await);
+            assert_eq!(a.concat(), items, "{format:?}: the same bytes");
+            if format != Format::Agui {
+                // Small pages: a chunk each (none for a page the dialect renders nothing of).
+                assert!(!a.is_empty() && a.len() <= pages.len(), "{format:?}: {} chunks", a.len());
+                assert!(
+                    a.iter().zip(&b).all(|(x, y)| x.as_ptr() == y.as_ptr()),
+                    "{format:?}: built once, shared"
+                );
+            }
         }
     }
 }

@@ -281,6 +281,79 @@ async fn subscribers_of_one_run_share_reads() {
     );
 }
 
+/// One fold per run per event, whatever the number of subscribers (issue 19): 24
+/// subscribers in two dialects that read the view get their items from the run's feed,
+/// which folds each event once and renders it once per dialect. What they receive is
+/// what a stream that reads the same events on its own (folding them itself) sends.
+#[tokio::test]
+async fn subscribers_of_one_run_share_one_fold() {
+    const PER_FORMAT: usize = 12;
+    let t = TestApp::new().await;
+    let run = running_run(&t).await;
+    let formats = ["multica", "chunks"];
+    let before = t.app.live.feeds.reads();
+    let mut readers = vec![];
+    for f in formats {
+        for _ in 0..PER_FORMAT {
+            // At seq 1, so nothing is left to catch up: every event comes from the feed.
+            let r = open(&t, &t.base, &run, Some(1), &format!("?format={f}")).await;
+            assert_eq!(r.status(), StatusCode::OK);
+            readers.push((f, SseReader::new(r)));
+        }
+    }
+    // Each subscriber's joining read (nothing after seq 1) is done before the append,
+    // so none reads, or folds, the new events on its own.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while t.app.live.feeds.reads() - before < readers.len() as u64 {
+        assert!(tokio::time::Instant::now() < deadline, "subscribers did not join");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let folds = t.app.live.feeds.folds();
+    let events = json!([
+        {"type": "message.start", "payload": {"message_id": "m", "role": "assistant"}},
+        delta("one "), delta("two "), delta("three"),
+        {"type": "tool.start", "payload": {"call_id": "c", "tool": "t"}},
+        {"type": "tool.end", "payload": {"call_id": "c", "ok": true, "output": "x"}},
+        {"type": "message.end", "payload": {"message_id": "m", "stop_reason": "end_turn"}},
+    ]);
+    t.append_ok(&t.key_a, &run, events).await;
+    let last = 8;
+    // Per format, each subscriber's frames (id, data).
+    type Frames = Vec<(Option<i64>, Value)>;
+    let mut got: std::collections::BTreeMap<&str, Vec<Frames>> = Default::default();
+    for (f, sse) in readers.iter_mut() {
+        let mut frames = vec![];
+        loop {
+            let fr = sse.next().await.expect("frame");
+            let id = fr.id;
+            frames.push((id, fr.data));
+            if id == Some(last) {
+                break;
+            }
+        }
+        got.entry(*f).or_default().push(frames);
+    }
+    let folded = t.app.live.feeds.folds() - folds;
+    assert_eq!(
+        folded,
+        7,
+        "{folded} reducer applications for 7 events and {} subscribers: one fold per run per event",
+        readers.len()
+    );
+    for f in formats {
+        let streams = &got[f];
+        assert!(streams.iter().all(|s| s == &streams[0]), "{f}: every subscriber got the same items");
+        // A stream that reads the same events on its own, folding them itself.
+        let mut alone = SseReader::new(open(&t, &t.base, &run, Some(1), &format!("?format={f}")).await);
+        let mut frames = vec![];
+        while frames.len() < streams[0].len() {
+            let fr = alone.next().await.expect("frame");
+            frames.push((fr.id, fr.data));
+        }
+        assert_eq!(frames, streams[0], "{f}: the shared fold renders what a stream's own fold does");
+    }
+}
+
 /// A write no process announced (rows inserted in SQL: no NOTIFY, no local wake-up)
 /// reaches every subscriber through the safety poll, and idle subscribers do not each
 /// poll the database: with 20 of them, reads while idle stay those of the one feed.

@@ -7,17 +7,27 @@
 //! page starts beyond its cursor (it joined between two reads) or it fell behind the
 //! feed's buffer, it reads the gap itself: the cursor, not the feed, decides what is
 //! next, so nothing is skipped or repeated.
+//!
+//! **One fold per run.** When some subscriber needs more than the events (a dialect that
+//! reads the view, or `runView`'s updates), the feed folds each event once with the
+//! shared reducer and renders it, right after the fold, once for each such [`Want`] in
+//! use: a page carries the events and those renderings, and a subscriber only picks its
+//! own. The fold is the run's view in the [`ViewCache`], kept at the feed's cursor. A
+//! subscriber that reads on its own (joining, a gap, lagging) renders those events from
+//! the view at its cursor ([`fold_page`] on its private copy), then drops the copy as soon
+//! as the feed's pages carry its rendering again.
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::broadcast;
 
-use super::Hub;
-use agent_stream_core::dialect::Wire;
+use super::{Hub, ViewCache};
+use agent_stream_core::dialect::{render, Format, Out, RunCtx, Step, Wire};
 use agent_stream_core::domain::Event;
+use agent_stream_core::projection::{updates, RunView, ViewUpdate};
 use agent_stream_store::db::discard;
 use agent_stream_store::events::read_after_alone;
 use agent_stream_store::Db;
@@ -27,23 +37,155 @@ pub type Page = Arc<PageData>;
 
 /// The events of one read, and each event's native JSON once some subscriber needed it:
 /// a page fans out to every subscriber, so rendering it once per page rather than once
-/// per subscriber takes the encoding out of the per-subscriber cost.
+/// per subscriber takes the encoding out of the per-subscriber cost. With the run's fold
+/// in use, it also carries each event rendered for every [`Want`] its subscribers had.
 pub struct PageData {
     events: Vec<Event>,
     wire: Vec<OnceLock<Wire>>,
+    /// Per dialect in use: each event's items, rendered from the fold after it.
+    dialects: Vec<(Format, PerEvent<Out>)>,
+    /// `runView`'s updates of each event, if a subscriber wanted them.
+    updates: Option<PerEvent<ViewUpdate>>,
+    /// Per dialect, the whole page as transport chunks (SSE frames of `detail=full`
+    /// streams), built by the first subscriber that sends it and shared by the rest.
+    frames: [OnceLock<Arc<[bytes::Bytes]>>; Format::ALL.len()],
 }
 
 impl PageData {
     /// A page of `events` (consecutive, in seq order).
     pub fn new(events: Vec<Event>) -> Page {
+        Arc::new(PageData::plain(events))
+    }
+
+    /// A page as a feed makes it: `events` folded into `view` (which stands right
+    /// before them) and rendered for `wants` (tests and tools; a feed counts its folds).
+    pub fn folded(view: &mut RunView, run: &RunCtx, events: Vec<Event>, wants: &[Want]) -> Page {
+        Arc::new(fold_page(view, run, events, wants, &AtomicU64::new(0)))
+    }
+
+    fn plain(events: Vec<Event>) -> PageData {
         let wire = events.iter().map(|_| OnceLock::new()).collect();
-        Arc::new(PageData { events, wire })
+        PageData { events, wire, dialects: vec![], updates: None, frames: Default::default() }
     }
 
     /// The page's events.
     pub fn events(&self) -> &[Event] {
         &self.events
     }
+
+    fn has(&self, want: Want) -> bool {
+        match want {
+            Want::Dialect(f) => self.dialects.iter().any(|d| d.0 == f),
+            Want::Updates => self.updates.is_some(),
+        }
+    }
+}
+
+/// What a subscriber needs rendered from the run's fold besides the events themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Want {
+    /// A dialect whose encoder reads the view (every one but native).
+    Dialect(Format),
+    /// `runView`'s updates.
+    Updates,
+}
+
+impl Want {
+    /// What a stream in `format` wants (nothing for native, which needs no fold).
+    pub fn of(format: Format) -> Option<Want> {
+        agent_stream_core::dialect::needs_view(format).then_some(Want::Dialect(format))
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Want::Dialect(f) => Format::ALL.iter().position(|g| *g == f).unwrap_or(0),
+            Want::Updates => Format::ALL.len(),
+        }
+    }
+
+    fn from_index(i: usize) -> Want {
+        Format::ALL.get(i).map_or(Want::Updates, |f| Want::Dialect(*f))
+    }
+}
+
+/// Items of consecutive events, in one vector: event `i`'s are `items[ends[i-1]..ends[i]]`.
+pub struct PerEvent<T> {
+    items: Vec<T>,
+    ends: Vec<usize>,
+}
+
+impl<T> PerEvent<T> {
+    fn new() -> Self {
+        PerEvent { items: vec![], ends: vec![] }
+    }
+
+    /// The items of the page's event `i`.
+    pub fn of(&self, i: usize) -> &[T] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.items[start..self.ends[i]]
+    }
+}
+
+/// How many subscribers of a feed want each rendering (indexed by [`Want::index`]).
+#[derive(Default)]
+pub(crate) struct Wants([AtomicUsize; Format::ALL.len() + 1]);
+
+impl Wants {
+    fn in_use(&self) -> Vec<Want> {
+        (0..self.0.len()).filter(|i| self.0[*i].load(Ordering::Acquire) > 0).map(Want::from_index).collect()
+    }
+}
+
+/// A subscriber's entry in its feed's [`Wants`], withdrawn when dropped.
+pub(crate) struct Registration(Option<(Arc<Wants>, usize)>);
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some((w, i)) = &self.0 {
+            w.0[*i].fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Folds `events` into `view` (which stands right before them) with the one reducer and
+/// renders each, from the view right after it, for every want in `wants`: the only place
+/// live delivery applies the reducer. Counts the events in `folds`.
+pub(crate) fn fold_page(
+    view: &mut RunView,
+    run: &RunCtx,
+    events: Vec<Event>,
+    wants: &[Want],
+    folds: &AtomicU64,
+) -> PageData {
+    let mut page = PageData::plain(events);
+    let mut dialects: Vec<(Format, PerEvent<Out>)> = wants
+        .iter()
+        .filter_map(|w| match w {
+            Want::Dialect(f) => Some((*f, PerEvent::new())),
+            Want::Updates => None,
+        })
+        .collect();
+    let mut ups = wants.contains(&Want::Updates).then(PerEvent::new);
+    let mut one = vec![];
+    for e in &page.events {
+        let change = view.apply(e);
+        let step = Step { event: e, view, change, run, wire: None };
+        for (f, items) in &mut dialects {
+            render(*f, &step, &mut one);
+            // Shared renderings: serialised once here, framed once by the first stream
+            // that sends them, cloned by reference by every subscriber of the format.
+            items.items.extend(one.drain(..).map(Out::into_shared));
+            items.ends.push(items.items.len());
+        }
+        if let Some(u) = &mut ups {
+            u.items.extend(updates(view, e.seq, change));
+            u.ends.push(u.items.len());
+        }
+    }
+    folds.fetch_add(page.events.len() as u64, Ordering::Relaxed);
+    page.dialects = dialects;
+    page.updates = ups;
+    page
 }
 
 /// Consecutive events handed to one consumer: a slice of a page that other subscribers
@@ -76,6 +218,45 @@ impl Batch {
     /// Each event with its shared native rendering (see `agent_stream_core::dialect::Encoding::push_into`).
     pub fn iter(&self) -> impl Iterator<Item = (&Event, &OnceLock<Wire>)> {
         self.events().iter().zip(&self.page.wire[self.range.clone()])
+    }
+
+    /// Each event's items in `format`, as the run's fold rendered them, if the page
+    /// carries that rendering (a [`super::Tail`] that wants it always hands out such
+    /// batches).
+    pub fn rendered(&self, format: Format) -> Option<impl Iterator<Item = &[Out]> + '_> {
+        let (_, r) = self.page.dialects.iter().find(|d| d.0 == format)?;
+        Some(self.range.clone().map(move |i| r.of(i)))
+    }
+
+    /// Each event's `runView` updates, if the page carries them.
+    pub fn updates(&self) -> Option<impl Iterator<Item = &[ViewUpdate]> + '_> {
+        let r = self.page.updates.as_ref()?;
+        Some(self.range.clone().map(move |i| r.of(i)))
+    }
+
+    /// True when the batch is its whole page.
+    pub fn is_whole(&self) -> bool {
+        self.range.start == 0 && self.range.end == self.page.events.len()
+    }
+
+    /// The whole page in `format` as transport chunks: `make` runs for the first
+    /// subscriber that asks, the others share its bytes. `None` unless the batch is its
+    /// whole page.
+    pub fn shared_frames(
+        &self,
+        format: Format,
+        make: impl FnOnce() -> Vec<bytes::Bytes>,
+    ) -> Option<Arc<[bytes::Bytes]>> {
+        if !self.is_whole() {
+            return None;
+        }
+        let i = Format::ALL.iter().position(|f| *f == format)?;
+        Some(self.page.frames[i].get_or_init(|| make().into()).clone())
+    }
+
+    /// True when the batch carries what `want` needs.
+    pub fn has(&self, want: Want) -> bool {
+        self.page.has(want)
     }
 }
 
@@ -118,11 +299,18 @@ fn pages(evs: Vec<Event>) -> Vec<Vec<Event>> {
     out
 }
 
-/// Per-run feeds and the read counter.
+/// One run's feed: its channel and what its subscribers want rendered.
+struct Feed {
+    tx: broadcast::Sender<Page>,
+    wants: Arc<Wants>,
+}
+
+/// Per-run feeds and the read and fold counters.
 #[derive(Default)]
 pub struct Feeds {
-    feeds: Mutex<HashMap<(String, String), broadcast::Sender<Page>>>,
+    feeds: Mutex<HashMap<(String, String), Feed>>,
     reads: AtomicU64,
+    folds: AtomicU64,
 }
 
 impl Feeds {
@@ -136,33 +324,109 @@ impl Feeds {
         self.reads.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Events folded by the reducer for live delivery (feeds plus subscribers' own
+    /// catch-up): once per event per run, whatever the number of subscribers, plus what
+    /// subscribers reading on their own fold.
+    pub fn folds(&self) -> u64 {
+        self.folds.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn fold_counter(&self) -> &AtomicU64 {
+        &self.folds
+    }
+
     /// Joins the run's feed, starting it if this is its first subscriber. `from` is
     /// where a new feed starts reading (the joiner's cursor; others read their gaps).
     /// The feed ends, closing its channel, when `stopping` turns true: subscribers learn
     /// of a shutdown from their feed, so a wake-up does not make every one of them
     /// register with the process-wide stop signal.
-    pub fn join(
+    ///
+    /// `want` registers what the subscriber needs rendered (before it subscribes, so
+    /// every page rendered after this carries it; a page rendered just before reaches
+    /// it unrendered, and it renders that one itself).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn join(
         self: &Arc<Self>,
         db: &Db,
         hub: &Arc<Hub>,
+        views: &Arc<ViewCache>,
         tenant: &str,
         run_id: &str,
         from: i64,
+        want: Option<Want>,
         stopping: tokio::sync::watch::Receiver<bool>,
-    ) -> broadcast::Receiver<Page> {
+    ) -> (broadcast::Receiver<Page>, Registration) {
         let mut feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
         let key = (tenant.to_owned(), run_id.to_owned());
-        if let Some(tx) = feeds.get(&key).filter(|tx| tx.receiver_count() > 0) {
-            return tx.subscribe();
+        let register = |wants: &Arc<Wants>| {
+            Registration(want.map(|w| {
+                wants.0[w.index()].fetch_add(1, Ordering::AcqRel);
+                (wants.clone(), w.index())
+            }))
+        };
+        if let Some(feed) = feeds.get(&key).filter(|f| f.tx.receiver_count() > 0) {
+            let registration = register(&feed.wants);
+            return (feed.tx.subscribe(), registration);
         }
         let (tx, rx) = broadcast::channel(FEED_BUFFER);
-        feeds.insert(key.clone(), tx.clone());
+        let wants = Arc::new(Wants::default());
+        let registration = register(&wants);
+        feeds.insert(key.clone(), Feed { tx: tx.clone(), wants: wants.clone() });
         let wake = hub.subscribe(tenant, run_id);
-        tokio::spawn(run_feed(self.clone(), db.clone(), key, from, wake, stopping, tx));
-        rx
+        let fold = Folding { views: views.clone(), wants, state: None };
+        tokio::spawn(run_feed(self.clone(), db.clone(), key, from, wake, stopping, tx, fold));
+        (rx, registration)
     }
 }
 
+/// A feed's fold: the run's view at the feed's cursor once some subscriber wanted a
+/// rendering (then kept up to date, and shared with the view cache).
+struct Folding {
+    views: Arc<ViewCache>,
+    wants: Arc<Wants>,
+    state: Option<(RunCtx, Arc<RunView>)>,
+}
+
+impl Folding {
+    /// The pages of one read (`evs`, after `cursor`), folded and rendered if wanted.
+    async fn pages(
+        &mut self,
+        feeds: &Feeds,
+        db: &Db,
+        key: &(String, String),
+        cursor: i64,
+        evs: Vec<Event>,
+    ) -> Vec<Page> {
+        let wants = self.wants.in_use();
+        if self.state.is_none() && !wants.is_empty() {
+            // The view right before this read: the cached one plus what it lacks. On
+            // an error the pages go out unrendered; subscribers render their own.
+            match super::views::view_at(db, &self.views, &key.0, &key.1, cursor).await {
+                Ok((run, view)) if view.seq == cursor => {
+                    let ctx = RunCtx { run_id: run.run_id, root_run_id: run.root_run_id };
+                    self.state = Some((ctx, Arc::new(view)));
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, run = %key.1, "feed fold could not start"),
+            }
+        }
+        let Some((ctx, view)) = &mut self.state else {
+            return pages(evs).into_iter().map(PageData::new).collect();
+        };
+        pages(evs)
+            .into_iter()
+            .map(|page| {
+                let mut out = None;
+                self.views.fold_shared(&key.0, &key.1, view, |v| {
+                    out = Some(fold_page(v, ctx, page, &wants, &feeds.folds));
+                });
+                Arc::new(out.unwrap_or_else(|| PageData::plain(vec![])))
+            })
+            .collect()
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn run_feed(
     feeds: Arc<Feeds>,
     db: Db,
@@ -171,6 +435,7 @@ async fn run_feed(
     mut wake: tokio::sync::watch::Receiver<i64>,
     mut stopping: tokio::sync::watch::Receiver<bool>,
     tx: broadcast::Sender<Page>,
+    mut fold: Folding,
 ) {
     let (tenant, run_id) = &key;
     loop {
@@ -192,10 +457,11 @@ async fn run_feed(
             match page {
                 Ok(evs) if evs.is_empty() => break,
                 Ok(evs) => {
+                    let before = cursor;
                     cursor = evs.last().map_or(cursor, |e| e.seq);
                     let full = evs.len() as i64 == FEED_PAGE;
-                    for page in pages(evs) {
-                        let _ = tx.send(PageData::new(page));
+                    for page in fold.pages(&feeds, &db, &key, before, evs).await {
+                        let _ = tx.send(page);
                     }
                     if !full {
                         break;
@@ -220,7 +486,7 @@ async fn run_feed(
         }
     }
     let mut all = feeds.feeds.lock().unwrap_or_else(|p| p.into_inner());
-    if all.get(&key).is_some_and(|t| t.same_channel(&tx)) {
+    if all.get(&key).is_some_and(|f| f.tx.same_channel(&tx)) {
         all.remove(&key);
     }
 }

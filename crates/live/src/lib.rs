@@ -33,7 +33,7 @@ pub mod shed;
 mod tail;
 pub mod views;
 
-pub use feed::{Batch, Feeds, Page, PageData};
+pub use feed::{Batch, Feeds, Page, PageData, PerEvent, Want};
 pub use hub::Hub;
 pub use shed::Shedding;
 pub use tail::Tail;
@@ -66,8 +66,9 @@ pub struct Live {
     pub hub: std::sync::Arc<Hub>,
     /// Shared per-run reads.
     pub feeds: std::sync::Arc<Feeds>,
-    /// The folded view of each watched or read run, shared by every reader.
-    pub views: ViewCache,
+    /// The folded view of each watched or read run, shared by every reader (and kept
+    /// up to date by the run's feed while it folds).
+    pub views: Arc<ViewCache>,
     /// Shared per-tenant reads of run activity.
     pub activity: activity::ActivityFeeds,
     /// The store every read goes through.
@@ -153,7 +154,7 @@ impl Live {
         Live {
             hub,
             feeds: Default::default(),
-            views: ViewCache::default(),
+            views: Arc::default(),
             activity: Default::default(),
             db,
             auth,
@@ -193,14 +194,15 @@ impl Live {
 
     /// Joins a run's shared feed (see [`Feeds::join`]); the feed closes when `stopping`
     /// turns true.
-    pub fn join(
+    pub(crate) fn join(
         &self,
         tenant: &str,
         run_id: &str,
         from: i64,
+        want: Option<Want>,
         stopping: tokio::sync::watch::Receiver<bool>,
-    ) -> tokio::sync::broadcast::Receiver<Page> {
-        self.feeds.join(&self.db, &self.hub, tenant, run_id, from, stopping)
+    ) -> (tokio::sync::broadcast::Receiver<Page>, feed::Registration) {
+        self.feeds.join(&self.db, &self.hub, &self.views, tenant, run_id, from, want, stopping)
     }
 
     /// An append committed: wake local subscribers now, tell other processes soon.

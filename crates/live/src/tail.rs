@@ -8,10 +8,13 @@ use tokio::sync::broadcast::{self, error::RecvError};
 
 use std::sync::Arc;
 
+use agent_stream_core::dialect::RunCtx;
 use agent_stream_core::domain::Event;
+use agent_stream_core::projection::RunView;
 use agent_stream_store::auth::Principal;
 use agent_stream_store::events::Filter;
 
+use super::feed::{fold_page, Registration, Want};
 use super::{Batch, Live, Page};
 
 /// Events one catch-up read returns at most.
@@ -38,6 +41,15 @@ pub struct Tail {
     tick: std::pin::Pin<Box<tokio::time::Sleep>>,
     stopping: tokio::sync::watch::Receiver<bool>,
     done: bool,
+    /// What this subscriber needs rendered from the run's fold, and its entry in the
+    /// feed's count of that.
+    want: Option<Want>,
+    registration: Registration,
+    /// The run, for rendering on our own.
+    ctx: RunCtx,
+    /// The view at the cursor, while we render on our own (joining, after a gap or a
+    /// lag); dropped once the feed's pages carry our rendering.
+    private: Option<RunView>,
 }
 
 /// How often an open stream re-checks its key (revocation stops it within this plus
@@ -54,8 +66,25 @@ impl Tail {
     /// Starts after `cursor`. Joins the run's shared feed before the first read, so a
     /// page read after this point reaches us and the catch-up covers everything before.
     pub fn new(live: Arc<Live>, who: Principal, run_id: String, cursor: i64) -> Tail {
+        let ctx = RunCtx { run_id: run_id.clone(), root_run_id: run_id };
+        Tail::rendering(live, who, ctx, cursor, None, None)
+    }
+
+    /// A tail whose batches always carry `want`'s rendering (see [`Batch::rendered`],
+    /// [`Batch::updates`]): the feed's, shared with every subscriber that wants the same,
+    /// or, for what the tail reads on its own, its own from the view at its cursor
+    /// (`view` if given, which must be the run's view at `cursor`; else the view cache's).
+    pub fn rendering(
+        live: Arc<Live>,
+        who: Principal,
+        ctx: RunCtx,
+        cursor: i64,
+        want: Option<Want>,
+        view: Option<RunView>,
+    ) -> Tail {
+        let run_id = ctx.run_id.clone();
         let stopping = live.stopping();
-        let pages = live.join(&who.tenant_id, &run_id, cursor, stopping.clone());
+        let (pages, registration) = live.join(&who.tenant_id, &run_id, cursor, want, stopping.clone());
         let newest = live.hub.subscribe(&who.tenant_id, &run_id);
         live.metrics.subscribers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let key_checked = tokio::time::Instant::now();
@@ -73,6 +102,10 @@ impl Tail {
             tick,
             stopping,
             done: false,
+            want,
+            registration,
+            ctx,
+            private: view.filter(|v| v.seq == cursor),
         }
     }
 
@@ -101,6 +134,7 @@ impl Tail {
             return None;
         }
         let batch = self.next_raw().await?;
+        let before = self.cursor;
         let evs = batch.events();
         let start = evs.iter().position(|e| e.seq > self.cursor).unwrap_or(evs.len());
         let end = match evs[start..].iter().position(Event::is_run_end) {
@@ -111,10 +145,50 @@ impl Tail {
             None => evs.len(),
         };
         let batch = batch.slice(start..end);
+        let batch = match self.want {
+            Some(want) if !batch.events().is_empty() => self.render(batch, before, want).await?,
+            _ => batch,
+        };
         if let Some(last) = batch.events().last() {
             self.cursor = last.seq;
         }
         Some(batch)
+    }
+
+    /// `batch` (the events right after `before`) with `want`'s rendering: as it is when
+    /// the feed rendered it, else rendered here from the view at `before`. `None` when
+    /// that view cannot be read (the client resumes from its cursor).
+    async fn render(&mut self, batch: Batch, before: i64, want: Want) -> Option<Batch> {
+        if batch.has(want) {
+            // The feed renders for us: our copy of the view would only go stale.
+            self.private = None;
+            return Some(batch);
+        }
+        let mut view = match self.private.take() {
+            Some(v) if v.seq == before => v,
+            _ => {
+                let read = super::views::view_at(
+                    &self.live.db,
+                    &self.live.views,
+                    &self.who.tenant_id,
+                    &self.run_id,
+                    before,
+                )
+                .await;
+                match read {
+                    Ok((_, v)) if v.seq == before => v,
+                    Ok(_) => return None,
+                    Err(e) => {
+                        tracing::warn!(error = %e, run = %self.run_id, "reading the view to render from failed; closing");
+                        return None;
+                    }
+                }
+            }
+        };
+        let page =
+            fold_page(&mut view, &self.ctx, batch.events().to_vec(), &[want], self.live.feeds.fold_counter());
+        self.private = Some(view);
+        Some(Batch::whole(Arc::new(page)))
     }
 
     /// False once the caller's key was revoked (checked every [`KEY_RECHECK`]).
@@ -205,8 +279,15 @@ impl Tail {
                 // Closed because the process is stopping: the top of the loop ends us.
                 Some(Err(RecvError::Closed)) if *self.stopping.borrow() => {}
                 Some(Err(RecvError::Closed)) => {
-                    self.pages =
-                        self.live.join(&self.who.tenant_id, &self.run_id, self.cursor, self.stopping.clone());
+                    let (pages, registration) = self.live.join(
+                        &self.who.tenant_id,
+                        &self.run_id,
+                        self.cursor,
+                        self.want,
+                        self.stopping.clone(),
+                    );
+                    self.pages = pages;
+                    self.registration = registration;
                     self.catching_up = true;
                 }
                 // The tick: the key is checked at the top of the loop. A lost wake-up

@@ -63,6 +63,34 @@ impl ViewCache {
         enc.with_opening(items)
     }
 
+    /// Runs `fold` on `view`, a live feed's fold of the run, and offers the result to
+    /// the cache: the feed's view and the cached one are then the same `Arc`, so the
+    /// cache costs no second fold and no copy. The cached entry is set aside while the
+    /// feed folds (so the fold does not copy the view just because the cache holds it),
+    /// and replaced when it is not ahead. Never waits: if a reader holds the entry, the
+    /// feed folds anyway and offers nothing this time.
+    pub(crate) fn fold_shared(
+        &self,
+        tenant: &str,
+        run_id: &str,
+        view: &mut Arc<RunView>,
+        fold: impl FnOnce(&mut RunView),
+    ) {
+        let slot = self.slot(tenant, run_id);
+        let mut cached = slot.try_lock().ok();
+        if let Some(c) = cached.as_mut() {
+            if c.as_ref().is_some_and(|v| Arc::ptr_eq(v, view)) {
+                **c = None;
+            }
+        }
+        fold(Arc::make_mut(view));
+        if let Some(c) = cached.as_mut() {
+            if c.as_ref().is_none_or(|v| v.seq <= view.seq) {
+                **c = Some(view.clone());
+            }
+        }
+    }
+
     fn slot(&self, tenant: &str, run_id: &str) -> Slot {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         if slots.len() >= VIEW_CACHE_MAX {

@@ -155,7 +155,10 @@ impl Metrics {
     /// and the recorder of its deliveries.
     pub fn subscription(self: &std::sync::Arc<Self>, transport: Transport) -> Delivery {
         self.subscribers_by.get_or_create(&transport).inc();
-        Delivery { metrics: self.clone(), transport, since: chrono::Utc::now() }
+        // The histogram itself, looked up once: a lookup per delivered event took the
+        // family's lock a million times a second at 1,000 subscribers.
+        let latency = self.delivery_seconds.get_or_create(&transport).clone();
+        Delivery { metrics: self.clone(), transport, since: chrono::Utc::now(), latency }
     }
 }
 
@@ -164,6 +167,7 @@ pub struct Delivery {
     metrics: std::sync::Arc<Metrics>,
     transport: Transport,
     since: chrono::DateTime<chrono::Utc>,
+    latency: Histogram,
 }
 
 impl Delivery {
@@ -175,7 +179,7 @@ impl Delivery {
             return;
         }
         let took = (chrono::Utc::now() - e.ts).to_std().unwrap_or_default();
-        self.metrics.delivery_seconds.get_or_create(&self.transport).observe(took.as_secs_f64());
+        self.latency.observe(took.as_secs_f64());
     }
 }
 

@@ -393,6 +393,8 @@ pub struct Encoding {
     /// The opening, rendered once for every stream of the run that starts at this seq
     /// in this format (see [`Encoding::shared_open`]).
     opening: Option<Vec<Out>>,
+    /// The view went to the run's shared fold ([`Encoding::detach_view`]).
+    detached: bool,
 }
 
 /// The view handed to encoders that do not read it.
@@ -405,12 +407,17 @@ impl Encoding {
         let encoder = encoder(format);
         let start = view.seq;
         let view = encoder.needs_view().then(|| Box::new(view));
-        Encoding { format, run, view, start, encoder, opening: None }
+        Encoding { format, run, view, start, encoder, opening: None, detached: false }
     }
 
     /// The dialect.
     pub fn format(&self) -> Format {
         self.format
+    }
+
+    /// The run it encodes.
+    pub fn run(&self) -> &RunCtx {
+        &self.run
     }
 
     /// Seq of the last event folded (0 at the start of the run).
@@ -478,24 +485,26 @@ impl Encoding {
     /// vector for a whole page); an encoder that renders the event the same way for every
     /// subscriber of a shared page keeps the rendering in `wire`, once.
     pub fn push_into(&mut self, e: &Event, wire: Option<&std::sync::OnceLock<Wire>>, out: &mut Vec<Out>) {
+        debug_assert!(!self.detached, "a detached encoding renders from a shared fold only");
         let change = match self.view.as_mut() {
             Some(v) => v.apply(e),
             None => Change::Nothing,
         };
-        let start = out.len();
         let view: &RunView = self.view.as_deref().unwrap_or(&NO_VIEW);
         let step = Step { event: e, view, change, run: &self.run, wire };
-        self.encoder.encode(&step, out);
-        let n = out.len() - start;
-        for (i, o) in out[start..].iter_mut().enumerate() {
-            o.part = i as u32;
-            o.last = i + 1 == n;
+        render(self.format, &step, out);
+    }
+
+    /// Renders the opening now and hands over the fold: a live stream's events are then
+    /// rendered by the run's shared fold (see [`render`]), not by this encoding, so it
+    /// holds no copy of the view. [`Encoding::push_into`] must not be called after this.
+    pub fn detach_view(&mut self) -> Option<RunView> {
+        if self.opening.is_none() {
+            self.opening = Some(self.open());
         }
-        if e.is_run_end() {
-            if let Some(last) = out[start..].iter_mut().rev().find(|o| !matches!(o.data, Data::Text(_))) {
-                last.terminal = true;
-            }
-        }
+        self.start = self.view_seq();
+        self.detached = true;
+        self.view.take().map(|v| *v)
     }
 
     /// See [`Encoder::merge`]: `next` joins `pending` (both deltas of one lane).
@@ -528,6 +537,30 @@ impl Encoding {
             self.encoder.annotate_dropped(v, dropped);
         }
     }
+}
+
+/// Renders one event in `format` from the fold after it (`step`), appending its items
+/// to `out`: numbered within the event, the terminal one marked. The one rendering path:
+/// a stream's own [`Encoding`] and a run's shared fold (every subscriber of a format
+/// takes the same items) both come here.
+pub fn render(format: Format, step: &Step<'_>, out: &mut Vec<Out>) {
+    let start = out.len();
+    encoder(format).encode(step, out);
+    let n = out.len() - start;
+    for (i, o) in out[start..].iter_mut().enumerate() {
+        o.part = i as u32;
+        o.last = i + 1 == n;
+    }
+    if step.event.is_run_end() {
+        if let Some(last) = out[start..].iter_mut().rev().find(|o| !matches!(o.data, Data::Text(_))) {
+            last.terminal = true;
+        }
+    }
+}
+
+/// True when `format`'s encoder reads the fold (native renders from the event alone).
+pub fn needs_view(format: Format) -> bool {
+    encoder(format).needs_view()
 }
 
 /// Milliseconds since the epoch of an event (AG-UI's `timestamp`).

@@ -63,6 +63,20 @@ impl Shaper {
         self.due
     }
 
+    /// True for `detail=full`: every item as it is, at once.
+    pub fn is_raw(&self) -> bool {
+        self.raw
+    }
+
+    /// Records that the items up to `at` went out as they are, not through
+    /// [`Shaper::push`] (a raw stream with nothing pending sending a page's shared
+    /// frames): the client then stands exactly at `at`, as after pushing them.
+    pub fn passed(&mut self, at: Cursor) {
+        debug_assert!(self.raw && self.pending.is_empty());
+        self.base = at;
+        self.delivered.clear();
+    }
+
     /// True while merged deltas wait for their window.
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()

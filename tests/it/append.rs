@@ -402,3 +402,46 @@ async fn commit_outcome_sees_stored_rows_and_waits_out_an_open_transaction() {
         assert_eq!(stored, commit, "the check reports how the open transaction ended");
     }
 }
+
+/// Two service instances appending to one run in turn: each one's group-commit lane
+/// caches the run's head, which the other then moves. The stale one-round-trip group is
+/// refused by the database (its gated UPDATE finds the head moved), rolled back and
+/// built again under the row lock: seqs stay gapless, nothing is stored twice, and an
+/// `expected_last_seq` that is right against the database is not refused because the
+/// cache was behind.
+#[tokio::test]
+async fn appends_from_two_instances_to_one_run_stay_gapless() {
+    let t = TestApp::new().await;
+    let other = t.second_instance().await;
+    let run = t.create_run(&t.key_a).await;
+    for n in 0..8i64 {
+        let base = if n % 2 == 0 { t.base.clone() } else { other.clone() };
+        let events = json!([{"type": "custom.tick", "payload": {"n": n}}]);
+        // Every other round states the head it expects, which only the database knows.
+        let body = if n % 4 >= 2 { json!({"events": events, "expected_last_seq": n}) } else { events };
+        let (status, v) = t.append_at(&base, &t.key_a, &run, &body).await;
+        assert_eq!(status, StatusCode::CREATED, "append {n}: {v}");
+        assert_eq!(v["first_seq"], n + 1, "append {n}: {v}");
+    }
+    // Both instances again, each now a run behind: the same.
+    for (n, base) in [(8i64, t.base.clone()), (9, other.clone())] {
+        let (first, _) = t
+            .append_ok_at(&base, &t.key_a, &run, json!([{"type": "custom.tick", "payload": {"n": n}}]))
+            .await;
+        assert_eq!(first, n + 1);
+    }
+    let owner = t.db.owner().await;
+    let rows = owner
+        .query(
+            "SELECT seq, (payload->>'n')::bigint FROM agent_run_events WHERE run_id = $1 ORDER BY seq",
+            &[&run],
+        )
+        .await
+        .expect("rows");
+    let got: Vec<(i64, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let want: Vec<(i64, i64)> = (0..10).map(|n| (n + 1, n)).collect();
+    assert_eq!(got, want, "one row per append, gapless, in order");
+    let head: i64 =
+        owner.query_one("SELECT last_seq FROM runs WHERE run_id = $1", &[&run]).await.expect("head").get(0);
+    assert_eq!(head, 10);
+}

@@ -272,3 +272,27 @@ async fn an_unknown_outcome_says_so_and_a_keyed_retry_finds_it() {
         assert_eq!(t.stored_count(&t.tenant_a, &run).await, 1, "still once");
     }
 }
+
+/// The same cuts on a group that goes out in one round trip (the run's head cached by
+/// the lane from an earlier append, so BEGIN, the gated UPDATE, the INSERT and COMMIT
+/// are sent together): settled exactly as on the locking path.
+#[tokio::test]
+async fn a_cut_commit_of_a_one_round_trip_group_is_settled_the_same() {
+    let t = TestApp::new().await;
+    for mode in [AFTER, BEFORE] {
+        let (proxy, base) = behind_proxy(&t, 4).await;
+        let run = t.create_run(&t.key_a).await;
+        let one = json!([{"type": "custom.tick", "payload": {"n": 1}}]);
+        let (status, body) = t.append_at(&base, &t.key_a, &run, &one).await;
+        assert_eq!((status, body["first_seq"].as_i64()), (StatusCode::CREATED, Some(1)), "{body}");
+        proxy.arm(mode);
+        let (status, body) = t.append_at(&base, &t.key_a, &run, &one).await;
+        assert_eq!(proxy.cuts().await, 1, "the proxy cut the COMMIT (mode {mode})");
+        // AFTER: committed unheard, answered as stored; BEFORE: not stored, redone alone.
+        assert_eq!(status, StatusCode::CREATED, "mode {mode}: {body}");
+        assert_eq!(body["first_seq"], 2, "mode {mode}: {body}");
+        assert_eq!(t.stored_count(&t.tenant_a, &run).await, 2, "mode {mode}: stored once");
+        let (next, body) = t.append_at(&base, &t.key_a, &run, &one).await;
+        assert_eq!((next, body["first_seq"].as_i64()), (StatusCode::CREATED, Some(3)), "mode {mode}: {body}");
+    }
+}

@@ -44,7 +44,7 @@ type RunKey = (String, String);
 pub(crate) type Slot = Arc<tokio::sync::Mutex<Option<RunGuard>>>;
 
 /// Most runs whose guards stay cached; idle ones beyond it are dropped.
-const GUARD_CACHE_MAX: usize = 4096;
+pub(crate) const GUARD_CACHE_MAX: usize = 4096;
 
 /// Per-run guards. The async mutex also queues this process's appends to one run, so
 /// they do not pile up on the row lock and each one finds the guard its predecessor left.

@@ -8,6 +8,10 @@
 //! - it is validated on its own against its run's guard, as in [`super::append`](fn@super::append); a
 //!   refused append gets its error and writes nothing, the others go on;
 //! - an idempotent retry is answered from the stored rows, as alone;
+//! - a group whose runs' heads the lane already knows (from its last commit of them)
+//!   and which carries no idempotency keys goes out in one round trip, its UPDATE of
+//!   the runs gated on those heads ([`run_fast`]); a run that moved meanwhile makes it
+//!   roll back, and it is built again under row locks as any other group;
 //! - if the shared transaction fails (a race on an idempotency key, a lost
 //!   connection), nothing of the group is stored and every accepted append is redone
 //!   alone through the single-append path, which answers it exactly as it would have.
@@ -88,7 +92,13 @@ impl GroupCommit {
     }
 }
 
+/// Where this lane last left each run's head: (tenant, run) → (last seq, last event id).
+/// An entry counts only while the run's cached guard ends at the same seq: an append
+/// through another path moves the guard, and the entry is then ignored.
+type Heads = HashMap<(String, String), (i64, Option<Ulid>)>;
+
 async fn lane(db: Db, guards: Arc<Guards>, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Job>) {
+    let mut heads = Heads::new();
     while let Some(first) = rx.recv().await {
         let mut jobs = vec![first];
         while jobs.len() < MAX_GROUP {
@@ -105,21 +115,33 @@ async fn lane(db: Db, guards: Arc<Guards>, metrics: Arc<Metrics>, mut rx: mpsc::
                 None => by_tenant.push((j.tenant.clone(), vec![j])),
             }
         }
+        if heads.len() > super::append::GUARD_CACHE_MAX {
+            heads.clear();
+        }
         for (tenant, jobs) in by_tenant {
-            commit_group(&db, &guards, &metrics, &tenant, jobs).await;
+            commit_group(&db, &guards, &metrics, &mut heads, &tenant, jobs).await;
         }
     }
 }
 
 /// A run's state while its group is built.
 struct Locked {
+    /// Where the run's head was before the group.
+    from_seq: i64,
     last_seq: i64,
     last_id: Option<Ulid>,
     guard: RunGuard,
     before: Option<RunState>,
 }
 
-async fn commit_group(db: &Db, guards: &Guards, metrics: &Metrics, tenant: &str, jobs: Vec<Job>) {
+async fn commit_group(
+    db: &Db,
+    guards: &Guards,
+    metrics: &Metrics,
+    heads: &mut Heads,
+    tenant: &str,
+    jobs: Vec<Job>,
+) {
     let mut runs: Vec<String> = jobs.iter().map(|j| j.run_id.clone()).collect();
     runs.sort();
     runs.dedup();
@@ -137,7 +159,7 @@ async fn commit_group(db: &Db, guards: &Guards, metrics: &Metrics, tenant: &str,
     }
     let result = {
         use tracing::Instrument;
-        try_group(db, tenant, &runs, &mut slots, jobs).instrument(span).await
+        try_group(db, tenant, &runs, &mut slots, heads, jobs).instrument(span).await
     };
     drop(slots);
     match result {
@@ -206,13 +228,39 @@ async fn try_group(
     tenant: &str,
     runs: &[String],
     slots: &mut [tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
+    heads: &mut Heads,
     jobs: Vec<Job>,
 ) -> std::result::Result<(Answers, u64), (Error, Vec<Job>)> {
     let client = match db.pool.get().await {
         Ok(c) => c,
         Err(e) => return Err((e.into(), jobs)),
     };
-    let (results, state) = match run_group(&client, tenant, runs, slots, &jobs).await {
+    // Whatever happens below, the lane's heads of these runs are only trusted again
+    // once a commit says where they are.
+    let cached: Option<HashMap<String, Locked>> = runs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let g = slots[i].as_ref()?;
+            let (seq, id) = heads.remove(&(tenant.to_owned(), r.clone()))?;
+            (seq == g.last_seq()).then(|| {
+                (
+                    r.clone(),
+                    Locked { from_seq: seq, last_seq: seq, last_id: id, guard: g.clone(), before: g.state() },
+                )
+            })
+        })
+        .collect();
+    let fast = match cached {
+        Some(state) => run_fast(&client, tenant, state, &jobs).await,
+        None => Ok(None),
+    };
+    let outcome = match fast {
+        Ok(Some(built)) => Ok(built),
+        Ok(None) => run_group(&client, tenant, runs, slots, &jobs).await,
+        Err(failed) => Err(failed),
+    };
+    let (results, state) = match outcome {
         Ok(built) => built,
         Err(failed) => {
             super::db::discard(client);
@@ -251,11 +299,73 @@ async fn try_group(
     for (i, r) in runs.iter().enumerate() {
         if let Some(s) = state.get(r) {
             *slots[i] = Some(s.guard.clone());
+            heads.insert((tenant.to_owned(), r.clone()), (s.last_seq, s.last_id));
         }
     }
     let wrote = results.iter().any(|r| r.as_ref().is_ok_and(|o| !o.replayed));
     let answers = jobs.into_iter().zip(results).map(|(j, r)| (j.reply, r)).collect();
     Ok((answers, u64::from(wrote)))
+}
+
+/// The group in one round trip, when the lane knows where each of its runs' heads is
+/// (`state`, from the lane's [`Heads`] and the cached guards) and no append carries an
+/// idempotency key (a retry needs a read before its answer): BEGIN, the tenant
+/// setting, the runs' UPDATE gated on those heads ([`RunRows::gated_statement`]), the
+/// INSERT and COMMIT are sent together. The row lock that the other path takes first is
+/// taken by the gated UPDATE, which fails if any run has moved (another process
+/// appended, or it was deleted), so the INSERT and COMMIT then end in a rollback.
+///
+/// `Ok(Some)`: committed. `Ok(None)`: nothing was stored and the connection is idle
+/// again: a run moved, an append was refused, or a statement failed; the caller builds
+/// the group again the locking way ([`run_group`]), which settles each append as
+/// before. The group is all or nothing here: if any append would be refused, the
+/// other path answers it against the locked head rather than against a cached one.
+///
+/// Timestamps come from this process's clock rather than the database's (there is no
+/// read to take it from); ids stay strictly increasing per run ([`next_ids`]).
+async fn run_fast(
+    c: &deadpool_postgres::Client,
+    tenant: &str,
+    mut state: HashMap<String, Locked>,
+    jobs: &[Job],
+) -> std::result::Result<Option<Built>, Failed> {
+    if jobs.iter().any(|j| j.batch.events.iter().any(|e| e.key.is_some())) {
+        return Ok(None);
+    }
+    let now = DateTime::<Utc>::from_timestamp_millis(Utc::now().timestamp_millis()).unwrap_or_else(Utc::now);
+    let (results, rows) = accept(c, tenant, &mut state, jobs, now).await;
+    if rows.is_empty() || results.iter().any(|r| r.is_err()) {
+        return Ok(None);
+    }
+    let heads = run_heads(tenant, now, &state);
+    let scope = super::db::scope_sql(tenant)?;
+    let (gate, insert) = (RunRows::gated_statement(c).await?, Rows::statement(c).await?);
+    let (head_params, row_params) = (heads.gated_params(), rows.params());
+    let (begun, scoped, gated, inserted, committed) = futures::join!(
+        c.batch_execute("BEGIN"),
+        c.batch_execute(&scope),
+        c.query_one(&gate, &head_params),
+        c.execute(&insert, &row_params),
+        c.batch_execute("COMMIT")
+    );
+    match committed {
+        // No answer to the COMMIT: the group may be stored; its last row tells.
+        Err(error) if error.code().is_none() => {
+            let probe = rows.last().unwrap_or_default();
+            return Err(Failed::InDoubt { error, probe, built: (results, state) });
+        }
+        Err(e) => return Err(e.into()),
+        Ok(()) => {}
+    }
+    // COMMIT was answered, so the connection held: BEGIN cannot have failed (had it, the
+    // statements after it would have run on their own; it is checked all the same).
+    begun?;
+    // COMMIT answered: after any failed statement it was a rollback.
+    if let Some(e) = [scoped.err(), gated.err(), inserted.err()].into_iter().flatten().next() {
+        tracing::debug!(error = %e, "one-round-trip group rolled back; building it again under row locks");
+        return Ok(None);
+    }
+    Ok(Some((results, state)))
 }
 
 /// One group's transaction on `c`, up to and including COMMIT.
@@ -311,9 +421,63 @@ async fn build(
         }
         let before = guard.state();
         let last_id = last_id.and_then(|s| Ulid::from_string(&s).ok());
-        state.insert(run_id, Locked { last_seq, last_id, guard, before });
+        state.insert(run_id, Locked { from_seq: last_seq, last_seq, last_id, guard, before });
     }
     let now = now.unwrap_or_else(Utc::now);
+    let (results, rows) = accept(c, tenant, &mut state, jobs, now).await;
+    if !rows.is_empty() {
+        let heads = run_heads(tenant, now, &state);
+        let (insert, update) = (Rows::statement(c).await?, RunRows::statement(c).await?);
+        let (row_params, head_params) = (rows.params(), heads.params());
+        // One round trip for the three. A failed INSERT or UPDATE turns the COMMIT into
+        // a rollback, so nothing of the group is stored; their errors say so.
+        let (inserted, updated, committed) = futures::join!(
+            c.execute(&insert, &row_params),
+            c.execute(&update, &head_params),
+            c.batch_execute("COMMIT")
+        );
+        match committed {
+            // No answer to the COMMIT: the group may be stored; its last row tells.
+            Err(error) if error.code().is_none() => {
+                let probe = rows.last().unwrap_or_default();
+                return Err(Failed::InDoubt { error, probe, built: (results, state) });
+            }
+            committed => {
+                inserted?;
+                updated?;
+                committed?;
+            }
+        }
+    } else {
+        // Nothing to write (retries and refusals only): end the transaction.
+        c.batch_execute("COMMIT").await?;
+    }
+    Ok((results, state))
+}
+
+/// The runs' heads after the group: where each now ends, and where it was before
+/// (for the gated UPDATE); `ended` is set for a run this group took to a terminal state.
+fn run_heads(tenant: &str, now: DateTime<Utc>, state: &HashMap<String, Locked>) -> RunRows {
+    let mut heads = RunRows::new(tenant, now);
+    for (run_id, s) in state {
+        let st = s.guard.state();
+        let ended = st.filter(|x| x.is_terminal() && s.before != st).map(|_| now);
+        heads.push_from(s.from_seq, run_id, s.last_seq, s.last_id, st, ended);
+    }
+    heads
+}
+
+/// Answers retries, validates each append on its own against its run's state (moved
+/// along as appends are accepted) and gathers the accepted ones' rows: each append's
+/// answer, in order, and the rows. Only retries (appends carrying idempotency keys)
+/// read from `c`.
+async fn accept(
+    c: &deadpool_postgres::Client,
+    tenant: &str,
+    state: &mut HashMap<String, Locked>,
+    jobs: &[Job],
+    now: DateTime<Utc>,
+) -> (Vec<Result<AppendOutcome>>, Rows) {
     let mut rows = Rows::with_capacity(tenant, jobs.iter().map(|j| j.batch.events.len()).sum());
     let mut results = Vec::with_capacity(jobs.len());
     for job in jobs {
@@ -364,42 +528,5 @@ async fn build(
         run.last_id = ids.last().copied();
         run.guard = guard;
     }
-    if !rows.is_empty() {
-        let mut heads = RunRows::new(tenant, now);
-        for (run_id, s) in &state {
-            let st = s.guard.state();
-            heads.push(
-                run_id,
-                s.last_seq,
-                s.last_id,
-                st,
-                st.filter(|x| x.is_terminal() && s.before != st).map(|_| now),
-            );
-        }
-        let (insert, update) = (Rows::statement(c).await?, RunRows::statement(c).await?);
-        let (row_params, head_params) = (rows.params(), heads.params());
-        // One round trip for the three. A failed INSERT or UPDATE turns the COMMIT into
-        // a rollback, so nothing of the group is stored; their errors say so.
-        let (inserted, updated, committed) = futures::join!(
-            c.execute(&insert, &row_params),
-            c.execute(&update, &head_params),
-            c.batch_execute("COMMIT")
-        );
-        match committed {
-            // No answer to the COMMIT: the group may be stored; its last row tells.
-            Err(error) if error.code().is_none() => {
-                let probe = rows.last().unwrap_or_default();
-                return Err(Failed::InDoubt { error, probe, built: (results, state) });
-            }
-            committed => {
-                inserted?;
-                updated?;
-                committed?;
-            }
-        }
-    } else {
-        // Nothing to write (retries and refusals only): end the transaction.
-        c.batch_execute("COMMIT").await?;
-    }
-    Ok((results, state))
+    (results, rows)
 }

@@ -170,6 +170,8 @@ pub struct RunRows {
     last_id: Vec<Option<String>>,
     state: Vec<Option<String>>,
     ended: Vec<Option<DateTime<Utc>>>,
+    /// Where each run's head must still be for [`RunRows::gated_statement`].
+    prev: Vec<i64>,
 }
 
 impl RunRows {
@@ -183,6 +185,7 @@ impl RunRows {
             last_id: vec![],
             state: vec![],
             ended: vec![],
+            prev: vec![],
         }
     }
 
@@ -196,11 +199,26 @@ impl RunRows {
         state: Option<RunState>,
         ended: Option<DateTime<Utc>>,
     ) {
+        self.push_from(last_seq, run_id, last_seq, last_id, state, ended);
+    }
+
+    /// As [`RunRows::push`], for [`RunRows::gated_statement`]: the run's head must still
+    /// be at `prev_seq` when the statement runs ([`RunRows::statement`] ignores it).
+    pub fn push_from(
+        &mut self,
+        prev_seq: i64,
+        run_id: &str,
+        last_seq: i64,
+        last_id: Option<Ulid>,
+        state: Option<RunState>,
+        ended: Option<DateTime<Utc>>,
+    ) {
         self.run.push(run_id.to_owned());
         self.last_seq.push(last_seq);
         self.last_id.push(last_id.map(|u| u.to_string()));
         self.state.push(state.map(|s| s.as_str().to_owned()));
         self.ended.push(ended);
+        self.prev.push(prev_seq);
     }
 
     /// The UPDATE, prepared once per connection; a run whose head did not move is left
@@ -219,5 +237,40 @@ impl RunRows {
     /// The statement's parameters.
     pub fn params(&self) -> [&(dyn ToSql + Sync); 7] {
         [&self.tenant, &self.now, &self.run, &self.last_seq, &self.last_id, &self.state, &self.ended]
+    }
+
+    /// The UPDATE without a prior row lock, for writers that built their rows from a
+    /// cached head (group commit's one-round-trip path): each run moves only if its head
+    /// is still where the rows were built on (`push_from`'s `prev_seq`), and the
+    /// statement fails (division by zero, SQLSTATE 22012) unless every run moved, so
+    /// the transaction it is in cannot commit rows built on a stale head, or rows of a
+    /// run that was deleted. Taking the row lock here also waits out a concurrent
+    /// writer of the run, and the head is then re-checked on its new version.
+    pub async fn gated_statement<C: GenericClient>(c: &C) -> Result<Statement> {
+        Ok(c.prepare_cached(
+            "WITH moved AS (
+                 UPDATE runs r SET last_seq = u.last_seq, last_event_id = u.last_id, state = u.state,
+                        updated_at = $2, ended_at = COALESCE(u.ended_at, r.ended_at)
+                 FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[], $7::timestamptz[], $8::bigint[])
+                      AS u(run_id, last_seq, last_id, state, ended_at, prev_seq)
+                 WHERE r.tenant_id = $1 AND r.run_id = u.run_id AND r.last_seq = u.prev_seq
+                 RETURNING 1)
+             SELECT 1 / (count(*) = cardinality($3::text[]))::int FROM moved",
+        )
+        .await?)
+    }
+
+    /// [`RunRows::gated_statement`]'s parameters.
+    pub fn gated_params(&self) -> [&(dyn ToSql + Sync); 8] {
+        [
+            &self.tenant,
+            &self.now,
+            &self.run,
+            &self.last_seq,
+            &self.last_id,
+            &self.state,
+            &self.ended,
+            &self.prev,
+        ]
     }
 }

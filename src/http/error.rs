@@ -55,11 +55,7 @@ impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         let e = self.0;
         let code = e.code();
-        let (message, index) = e.public_parts();
-        let mut body = json!({ "code": code.as_str(), "message": message });
-        if let Some(kai) = code.kai_code() {
-            body["kai_code"] = json!(kai);
-        }
+        let (mut body, index) = detail(&e);
         if let Some(i) = index {
             body["index"] = json!(i);
         }
@@ -76,4 +72,17 @@ impl IntoResponse for HttpError {
         }
         resp
     }
+}
+
+/// The `{"code", "message", "kai_code"?}` object of an error as clients see it, and the
+/// index of the event to blame: shared by error answers and the error lines of streamed
+/// answers (`POST /v1/runs/{run_id}/events/stream`), so both say the same.
+pub(crate) fn detail(e: &Error) -> (serde_json::Value, Option<usize>) {
+    let code = e.code();
+    let (message, index) = e.public_parts();
+    let mut body = json!({ "code": code.as_str(), "message": message });
+    if let Some(kai) = code.kai_code() {
+        body["kai_code"] = json!(kai);
+    }
+    (body, index)
 }

@@ -1,6 +1,8 @@
-//! The HTTP transport: routes, middleware and the error mapping.
+//! The HTTP transport: routes, middleware and the error mapping; also the run
+//! inspector's page at `/ui/` (`ui`).
 
 mod agui;
+mod append_stream;
 mod bus;
 mod chat;
 mod durable;
@@ -45,6 +47,7 @@ pub fn router(app: AppRef) -> Router {
         .route("/v1/runs", post(runs::create).get(runs::list_runs))
         .route("/v1/runs/{run_id}", get(runs::get))
         .route("/v1/runs/{run_id}/events", post(runs::append).get(runs::list))
+        .route("/v1/runs/{run_id}/events/stream", post(append_stream::append_stream))
         .route("/v1/runs/{run_id}/view", get(runs::view))
         .route("/v1/runs/{run_id}/stream", get(stream::stream))
         .route("/v1/runs/{run_id}/replay", get(replay::replay))

@@ -332,6 +332,7 @@ impl Modify for ErrorCodes {
         super::runs::list_runs,
         super::runs::get,
         super::runs::append,
+        super::append_stream::append_stream,
         super::runs::list,
         super::runs::view,
         super::stream::stream,
@@ -345,6 +346,10 @@ impl Modify for ErrorCodes {
         super::durable::read,
         super::seed::stream,
         super::seed::approve_plan,
+        super::ui::index,
+        super::ui::run_page,
+        super::ui::asset,
+        super::ui::fold_export,
         super::keys::list,
         super::keys::create,
         super::keys::revoke,
@@ -368,6 +373,7 @@ impl Modify for ErrorCodes {
         (name = "keys", description = "A tenant's API keys (admin scope)"),
         (name = "clients", description = "Standard clients as they are: AI SDK chat, AG-UI, Durable Streams"),
         (name = "graphql", description = "GraphQL over HTTP and WebSocket"),
+        (name = "ui", description = "The run inspector: a browser page served by the service"),
         (name = "operations", description = "Health, readiness, metrics and these documents"),
     )
 )]

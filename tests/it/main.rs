@@ -1,6 +1,7 @@
 //! Integration tests: a real PostgreSQL, a real server, the real wire protocols.
 
 mod append;
+mod append_stream;
 pub mod attack;
 mod auth;
 mod browser;

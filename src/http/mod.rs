@@ -18,6 +18,7 @@ mod runs;
 mod seed;
 mod sse;
 mod stream;
+mod ui;
 mod ws;
 
 use std::time::Duration;
@@ -61,6 +62,7 @@ pub fn router(app: AppRef) -> Router {
         .route("/v1/chat", post(chat::send))
         .route("/v1/chat/{run_id}/stream", get(chat::resume))
         .merge(seed::routes())
+        .merge(ui::routes())
         .merge(grpc::routes())
         .merge(crate::graphql::routes())
         // After every route: axum gives this to the routes present when it is called.

@@ -92,3 +92,104 @@ impl Conn {
         self.send(Method::POST, path, Some(key), Some(json)).await
     }
 }
+
+/// The request body of a streaming append: lines as they are written.
+type Lines = http_body_util::StreamBody<
+    futures::channel::mpsc::Receiver<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>,
+>;
+
+/// A streaming append (`POST /v1/runs/{run_id}/events/stream`) on a connection of its
+/// own: NDJSON lines go up as they are written, acknowledgement lines come down as the
+/// service commits them.
+pub struct AppendStream {
+    lines: futures::channel::mpsc::Sender<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>,
+    acks: AckReader,
+}
+
+/// The answer side of an [`AppendStream`], which a task of its own can read.
+pub struct AckReader {
+    body: Incoming,
+    buf: Vec<u8>,
+}
+
+impl AppendStream {
+    /// Opens the stream of `run` at `base` as `key`; fails unless the answer is 200.
+    pub async fn open(base: &str, run: &str, key: &str) -> anyhow::Result<AppendStream> {
+        let host = base.strip_prefix("http://").unwrap_or(base).trim_end_matches('/').to_owned();
+        let tcp = tokio::net::TcpStream::connect(&host).await?;
+        tcp.set_nodelay(true)?;
+        let (mut send, conn) = hyper::client::conn::http1::handshake::<_, Lines>(TokioIo::new(tcp)).await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let (lines, rx) = futures::channel::mpsc::channel(64);
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(format!("/v1/runs/{run}/events/stream"))
+            .header(hyper::header::HOST, &host)
+            .header(hyper::header::AUTHORIZATION, format!("Bearer {key}"))
+            .header(hyper::header::CONTENT_TYPE, "application/x-ndjson")
+            .body(http_body_util::StreamBody::new(rx))?;
+        send.ready().await?;
+        let r = send.send_request(req).await?;
+        if r.status() != StatusCode::OK {
+            let body = r.into_body().collect().await?.to_bytes();
+            anyhow::bail!("streaming append refused: {}", String::from_utf8_lossy(&body));
+        }
+        Ok(AppendStream { lines, acks: AckReader { body: r.into_body(), buf: vec![] } })
+    }
+
+    /// Writes one line (a newline is added).
+    pub async fn send(&mut self, line: &[u8]) -> anyhow::Result<()> {
+        use futures::SinkExt;
+        let mut b = Vec::with_capacity(line.len() + 1);
+        b.extend_from_slice(line);
+        b.push(b'\n');
+        self.lines.send(Ok(hyper::body::Frame::data(Bytes::from(b)))).await?;
+        Ok(())
+    }
+
+    /// Splits the stream into its writing half (dropping it ends the body) and its
+    /// answer.
+    pub fn split(
+        self,
+    ) -> (
+        futures::channel::mpsc::Sender<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>,
+        AckReader,
+    ) {
+        (self.lines, self.acks)
+    }
+
+    /// The next answer line.
+    pub async fn next(&mut self) -> anyhow::Result<Option<serde_json::Value>> {
+        self.acks.next().await
+    }
+}
+
+impl AckReader {
+    /// The next answer line as JSON; `None` at the end of the answer.
+    pub async fn next(&mut self) -> anyhow::Result<Option<serde_json::Value>> {
+        loop {
+            if let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                return Ok(Some(serde_json::from_slice(&line)?));
+            }
+            match self.body.frame().await {
+                Some(f) => {
+                    if let Ok(data) = f?.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+                None => return Ok(None),
+            }
+        }
+    }
+}
+
+/// A line for [`AppendStream`] as a frame of the request body.
+pub fn frame(line: &[u8]) -> Result<hyper::body::Frame<Bytes>, std::convert::Infallible> {
+    let mut b = Vec::with_capacity(line.len() + 1);
+    b.extend_from_slice(line);
+    b.push(b'\n');
+    Ok(hyper::body::Frame::data(Bytes::from(b)))
+}

@@ -4,7 +4,10 @@
 //! `agent_run_events` from 16 and from 64 connections. The service is a separate
 //! `agent-stream serve` process (release binary, rate limit off), so its CPU is read
 //! apart from the producers'; the rows it stored are counted in SQL after each run and
-//! must equal the appends answered 201.
+//! must equal the appends answered 201. A last row streams the same deltas through the
+//! streaming append (`POST /v1/runs/{id}/events/stream`, one long-lived request per
+//! producer, up to 64 events unacknowledged), whose events acknowledged per second are
+//! set against the same baseline.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +18,7 @@ use agent_stream::auth::Scope;
 use agent_stream::storage::{db, tenants};
 use serde_json::json;
 
-use super::http::Conn;
+use super::http::{AppendStream, Conn};
 use super::support;
 
 const SECS: u64 = 5;
@@ -71,42 +74,101 @@ struct Service {
     cpu: f64,
 }
 
+/// A tenant, `agent-stream serve` with `lanes` group-commit lanes (rate limit off) and
+/// one run per producer: what both service passes start from, and what they are read
+/// against when they end.
+struct Pass {
+    owner: tokio_postgres::Client,
+    tenant_id: String,
+    key: String,
+    server: support::Server,
+    http: Conn,
+    runs: Vec<String>,
+    groups_before: f64,
+    cpu0: f64,
+    t0: Instant,
+    ok: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+}
+
+impl Pass {
+    async fn start(bin: &Path, url: &str, schema: &str, tenant: &str, lanes: usize) -> Pass {
+        let mut owner = db::connect_owner(url, schema).await.expect("owner");
+        let issued =
+            tenants::create_tenant(&mut owner, tenant, &[Scope::Read, Scope::Write]).await.expect("tenant");
+        let server = support::serve(
+            bin,
+            url,
+            schema,
+            &["--append-rate", "0", "--retention-interval", "0", "--group-commit-lanes", &lanes.to_string()],
+        )
+        .await;
+        let mut http = Conn::open(&server.base).await.expect("connect");
+        let mut runs = vec![];
+        for _ in 0..PRODUCERS {
+            runs.push(support::create_run(&mut http, &issued.secret).await);
+        }
+        let groups_before = support::scrape(&mut http, GROUPS).await;
+        let cpu0 = support::cpu_secs(server.pid);
+        Pass {
+            owner,
+            tenant_id: issued.tenant_id,
+            key: issued.secret,
+            server,
+            http,
+            runs,
+            groups_before,
+            cpu0,
+            t0: Instant::now(),
+            ok: Arc::new(AtomicU64::new(0)),
+            failed: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Reads CPU and commits, checks in SQL that the rows stored equal `ok` plus
+    /// `late` (stored after the window), and gives the rate over `secs`.
+    async fn finish(mut self, secs: f64, late: u64) -> Service {
+        let cpu = (support::cpu_secs(self.server.pid) - self.cpu0) / self.t0.elapsed().as_secs_f64();
+        let groups = support::scrape(&mut self.http, GROUPS).await - self.groups_before;
+        let appends = self.ok.load(Ordering::Relaxed);
+        let stored: i64 = self
+            .owner
+            .query_one("SELECT count(*) FROM agent_run_events WHERE tenant_id = $1", &[&self.tenant_id])
+            .await
+            .expect("count")
+            .get(0);
+        assert_eq!(stored as u64, appends + late, "rows stored must equal the events acknowledged");
+        Service {
+            rate: appends as f64 / secs,
+            appends,
+            failed: self.failed.load(Ordering::Relaxed),
+            groups: groups as u64,
+            cpu,
+        }
+    }
+}
+
+/// One ~100-byte text delta, the `n`-th of its producer.
+fn delta(n: u64) -> serde_json::Value {
+    json!({"type": "text.delta", "payload": {"text": format!("token {n} lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod")}})
+}
+
 /// 64 producers against a separate `agent-stream serve` with `lanes` group-commit lanes
 /// (0: one transaction per append). Checks in SQL that the rows stored equal the 201s.
 async fn service_appends(bin: &Path, url: &str, schema: &str, lanes: usize) -> Service {
-    let mut owner = db::connect_owner(url, schema).await.expect("owner");
-    let issued = tenants::create_tenant(&mut owner, &format!("load{lanes}"), &[Scope::Read, Scope::Write])
-        .await
-        .expect("tenant");
-    let key = issued.secret;
-    let server = support::serve(
-        bin,
-        url,
-        schema,
-        &["--append-rate", "0", "--retention-interval", "0", "--group-commit-lanes", &lanes.to_string()],
-    )
-    .await;
-    let base = server.base.clone();
-    let mut http = Conn::open(&base).await.expect("connect");
-    let mut runs = vec![];
-    for _ in 0..PRODUCERS {
-        runs.push(support::create_run(&mut http, &key).await);
-    }
-    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let groups_before = support::scrape(&mut http, GROUPS).await;
-    let cpu0 = support::cpu_secs(server.pid);
-    let t0 = Instant::now();
-    let deadline = t0 + Duration::from_secs(SECS);
+    let pass = Pass::start(bin, url, schema, &format!("load{lanes}"), lanes).await;
+    let deadline = pass.t0 + Duration::from_secs(SECS);
     let mut tasks = vec![];
-    for run in runs {
-        let (base, key, ok, failed) = (base.clone(), key.clone(), ok.clone(), failed.clone());
+    for run in pass.runs.clone() {
+        let (base, key) = (pass.server.base.clone(), pass.key.clone());
+        let (ok, failed) = (pass.ok.clone(), pass.failed.clone());
         tasks.push(tokio::spawn(async move {
             let mut http = Conn::open(&base).await.expect("connect");
             let path = format!("/v1/runs/{run}/events");
             let mut n = 0u64;
             while Instant::now() < deadline {
                 n += 1;
-                let body = json!([{"type": "text.delta", "payload": {"text": format!("token {n} lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod")}}]);
+                let body = json!([delta(n)]);
                 let r = http.post(&path, &key, body.to_string().into()).await;
                 let counter = if r.as_ref().is_ok_and(|r| r.status == 201) { &ok } else { &failed };
                 counter.fetch_add(1, Ordering::Relaxed);
@@ -123,23 +185,85 @@ async fn service_appends(bin: &Path, url: &str, schema: &str, lanes: usize) -> S
     for t in tasks {
         t.await.expect("task");
     }
-    let secs = t0.elapsed().as_secs_f64();
-    let cpu = (support::cpu_secs(server.pid) - cpu0) / secs;
-    let groups = support::scrape(&mut http, GROUPS).await - groups_before;
-    let appends = ok.load(Ordering::Relaxed);
-    let stored: i64 = owner
-        .query_one("SELECT count(*) FROM agent_run_events WHERE tenant_id = $1", &[&issued.tenant_id])
-        .await
-        .expect("count")
-        .get(0);
-    assert_eq!(stored as u64, appends, "rows stored must equal appends answered 201");
-    Service {
-        rate: appends as f64 / secs,
-        appends,
-        failed: failed.load(Ordering::Relaxed),
-        groups: groups as u64,
-        cpu,
+    let secs = pass.t0.elapsed().as_secs_f64();
+    pass.finish(secs, 0).await
+}
+
+/// Events a streaming producer may have written and not yet seen acknowledged: a token
+/// producer writes without waiting; the window only keeps the measurement to what the
+/// service commits rather than what it buffers.
+const WINDOW: usize = 64;
+
+/// 64 producers, each with one streaming append (`POST /v1/runs/{id}/events/stream`)
+/// writing single text deltas as lines, up to [`WINDOW`] unacknowledged, against a
+/// separate server with `lanes` group-commit lanes. The rate counts acknowledged events;
+/// the rows stored are checked against them in SQL.
+async fn service_streams(bin: &Path, url: &str, schema: &str, lanes: usize) -> Service {
+    let pass = Pass::start(bin, url, schema, "stream", lanes).await;
+    let deadline = pass.t0 + Duration::from_secs(SECS);
+    let mut tasks = vec![];
+    for run in pass.runs.clone() {
+        let (base, key) = (pass.server.base.clone(), pass.key.clone());
+        let (ok, failed) = (pass.ok.clone(), pass.failed.clone());
+        tasks.push(tokio::spawn(async move {
+            use futures::SinkExt;
+            let Ok(stream) = AppendStream::open(&base, &run, &key).await else {
+                failed.fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            let (mut lines, mut acks) = stream.split();
+            let window = Arc::new(tokio::sync::Semaphore::new(WINDOW));
+            let writer = {
+                let window = window.clone();
+                tokio::spawn(async move {
+                    let mut n = 0u64;
+                    while Instant::now() < deadline {
+                        let Ok(permit) = window.acquire().await else { break };
+                        permit.forget();
+                        n += 1;
+                        let line = delta(n);
+                        if lines.send(super::http::frame(line.to_string().as_bytes())).await.is_err() {
+                            break;
+                        }
+                    }
+                    // Dropping `lines` ends the body: the answer ends with `done`.
+                })
+            };
+            let mut ended = false;
+            while let Ok(Some(a)) = acks.next().await {
+                if let Some(n) = a["count"].as_u64() {
+                    if Instant::now() <= deadline {
+                        ok.fetch_add(n, Ordering::Relaxed);
+                    } else {
+                        // Committed after the window: counted as stored, not in the rate.
+                        late_acks(n);
+                    }
+                    window.add_permits(n as usize);
+                } else {
+                    ended = a.get("done").is_some();
+                    if !ended {
+                        eprintln!("streaming append ended with {a}");
+                    }
+                    break;
+                }
+            }
+            if !ended {
+                failed.fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = writer.await;
+        }));
     }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    pass.finish(SECS as f64, LATE.swap(0, Ordering::Relaxed)).await
+}
+
+/// Events acknowledged after the measuring window (stored, not counted in the rate).
+static LATE: AtomicU64 = AtomicU64::new(0);
+
+fn late_acks(n: u64) {
+    LATE.fetch_add(n, Ordering::Relaxed);
 }
 
 /// Runs the scenario in `schema` against `bin serve` and prints its table.
@@ -149,6 +273,7 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
     let lanes = std::env::var("INGEST_LANES").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
     let grouped = service_appends(bin, url, schema, lanes).await;
     let alone = service_appends(bin, url, schema, 0).await;
+    let streamed = service_streams(bin, url, schema, lanes).await;
     println!("| ingest-single ({SECS} s each) | rows/s | vs raw, 16 clients | server CPU (cores) | failed |");
     println!("|---|---|---|---|---|");
     println!("| raw single-row autocommit INSERT, 16 clients (baseline) | {raw16:.0} | 1.00 | - | - |");
@@ -163,6 +288,19 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
             s.failed
         );
     }
+    println!(
+        "| streaming append (`/events/stream`), 64 producers, {WINDOW} unacknowledged each, {lanes} lanes | {:.0} | {:.2} | {:.2} | {} |",
+        streamed.rate,
+        streamed.rate / raw16,
+        streamed.cpu,
+        streamed.failed
+    );
+    println!(
+        "streaming: {} events in {} transactions ({:.1} per commit)",
+        streamed.appends,
+        streamed.groups,
+        streamed.appends as f64 / streamed.groups.max(1) as f64
+    );
     println!(
         "group commit: {} appends in {} transactions ({:.1} per commit); target >= 2x raw: {} ({:.2}x)",
         grouped.appends,

@@ -9,7 +9,11 @@
 //! timed at the socket read), events received against appended, the server's CPU and
 //! RSS, and live-delivery SELECTs per second and per append (at most one read per run
 //! wake-up is the target). The baseline, in the same run: bare NOTIFY → LISTEN latency
-//! between two connections.
+//! between two connections. The scenario runs twice: producers sending single appends
+//! (`POST /v1/runs/{id}/events`, one request each), then producers writing each delta as
+//! a line of one long-lived streaming append (`POST /v1/runs/{id}/events/stream`);
+//! `MANY_MODE=single` or `MANY_MODE=streaming` runs one of them; `MANY_LANES=n` gives
+//! the server `n` group-commit lanes (default 4).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -18,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::http::Conn;
+use super::http::{AppendStream, Conn};
 use super::support::{self, SseReader};
 use agent_stream::auth::Scope;
 use agent_stream::storage::{db, tenants};
@@ -26,25 +30,104 @@ use agent_stream::storage::{db, tenants};
 /// Time between two appends of one producer (20 a second).
 const EVERY: Duration = Duration::from_millis(50);
 
-/// Runs the scenario against `schema` of `url`, measuring `bin serve`.
+/// One streaming producer: one long-lived `POST /v1/runs/{id}/events/stream`, a line
+/// every 50 ms for `secs`; each acknowledged line's seq is recorded with the time it
+/// was written. Returns the events acknowledged.
+async fn stream_producer(
+    base: String,
+    key: String,
+    run: String,
+    i: usize,
+    secs: u64,
+    t0: Instant,
+    sent: Arc<Mutex<HashMap<(usize, i64), u64>>>,
+) -> u64 {
+    use futures::SinkExt;
+    let Ok(stream) = AppendStream::open(&base, &run, &key).await else { return 0 };
+    let (mut lines, mut acks) = stream.split();
+    // Line number -> the time it was written.
+    let written: Arc<Mutex<HashMap<u64, u64>>> = Default::default();
+    let writer = {
+        let written = written.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let (deadline, mut n) = (Instant::now() + Duration::from_secs(secs), 0u64);
+            while Instant::now() < deadline {
+                tick.tick().await;
+                n += 1;
+                let line = json!({"type": "text.delta", "payload": {"text": format!("token {n} ")}});
+                written.lock().unwrap_or_else(|p| p.into_inner()).insert(n, t0.elapsed().as_micros() as u64);
+                if lines.send(super::http::frame(line.to_string().as_bytes())).await.is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    let mut acked = 0u64;
+    while let Ok(Some(a)) = acks.next().await {
+        let (Some(first_seq), Some(first_line), Some(count)) =
+            (a["first_seq"].as_i64(), a["first_line"].as_u64(), a["count"].as_u64())
+        else {
+            if a.get("done").is_none() {
+                eprintln!("run {run}: the streaming append ended with {a}");
+            }
+            break;
+        };
+        let now = t0.elapsed().as_micros() as u64;
+        let written = written.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sent = sent.lock().unwrap_or_else(|p| p.into_inner());
+        let mut committed = COMMITTED.lock().unwrap_or_else(|p| p.into_inner());
+        // The stream has no blank lines, so line k of a group has seq first_seq + k.
+        for k in 0..count {
+            if let Some(at) = written.get(&(first_line + k)) {
+                sent.insert((i, first_seq + k as i64), *at);
+                committed.push(now.saturating_sub(*at) as f64 / 1000.0);
+            }
+        }
+        acked += count;
+    }
+    let _ = writer.await;
+    acked
+}
+
+/// Append sent → its answer (201, or the acknowledgement line), in ms: how long the
+/// commit took as the producer saw it, apart from the delivery to the subscriber.
+static COMMITTED: Mutex<Vec<f64>> = Mutex::new(Vec::new());
+
+/// Runs the scenario against `schema` of `url`, measuring `bin serve`: with single
+/// appends, then with streaming appends (`MANY_MODE=single` or `streaming` for one).
 pub async fn run(bin: &Path, url: &str, schema: &str) {
+    let mode = std::env::var("MANY_MODE").unwrap_or_default();
+    if mode != "streaming" {
+        run_mode(bin, url, schema, false).await;
+    }
+    if mode != "single" {
+        run_mode(bin, url, schema, true).await;
+    }
+}
+
+/// One pass: single appends (`streaming` false) or one streaming append per run.
+async fn run_mode(bin: &Path, url: &str, schema: &str, streaming: bool) {
     if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
         let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
     }
     let runs: usize = std::env::var("MANY_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000);
     let secs: u64 = std::env::var("MANY_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
     let mut owner = db::connect_owner(url, schema).await.expect("owner");
-    let key = tenants::create_tenant(&mut owner, "many", &[Scope::Read, Scope::Write])
-        .await
-        .expect("tenant")
-        .secret;
+    let name = if streaming { "many-streaming" } else { "many" };
+    let key =
+        tenants::create_tenant(&mut owner, name, &[Scope::Read, Scope::Write]).await.expect("tenant").secret;
     let mut bare = support::bare_notify(url, 300, Duration::from_millis(5)).await;
     println!(
         "baseline, bare NOTIFY → LISTEN (300 notifications): p50 {:.2} ms, p99 {:.2} ms",
         support::pct(&mut bare, 0.5),
         support::pct(&mut bare, 0.99)
     );
-    let server = support::serve(bin, url, schema, &["--append-rate", "0", "--retention-interval", "0"]).await;
+    // `MANY_LANES=n`: group-commit lanes of the server (default: its own default, 4).
+    let lanes = std::env::var("MANY_LANES").unwrap_or_else(|_| "4".to_owned());
+    let args = ["--append-rate", "0", "--retention-interval", "0", "--group-commit-lanes", &lanes];
+    let server = support::serve(bin, url, schema, &args).await;
     let addr = server.base.trim_start_matches("http://").to_owned();
     // The runs, running, each with its subscriber.
     let mut http = Conn::open(&server.base).await.expect("connect");
@@ -91,6 +174,11 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
     let sent: Arc<Mutex<HashMap<(usize, i64), u64>>> = Default::default();
     let mut producers = Vec::with_capacity(runs);
     for (i, run) in ids.iter().enumerate() {
+        if streaming {
+            let (base, key, run, sent) = (server.base.clone(), key.clone(), run.clone(), sent.clone());
+            producers.push(tokio::spawn(stream_producer(base, key, run, i, secs, t0, sent)));
+            continue;
+        }
         let (base, key, run, sent) = (server.base.clone(), key.clone(), run.clone(), sent.clone());
         producers.push(tokio::spawn(async move {
             let Ok(mut http) = Conn::open(&base).await else { return 0u64 };
@@ -104,6 +192,8 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
                 let at = t0.elapsed().as_micros() as u64;
                 match http.post(&path, &key, body.to_string().into()).await {
                     Ok(r) if r.status == 201 => {
+                        let ms = (t0.elapsed().as_micros() as u64).saturating_sub(at) as f64 / 1000.0;
+                        COMMITTED.lock().unwrap_or_else(|p| p.into_inner()).push(ms);
                         if let Some(seq) = r.json()["last_seq"].as_i64() {
                             sent.lock().unwrap_or_else(|p| p.into_inner()).insert((i, seq), at);
                         }
@@ -149,13 +239,23 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
         }
     }
     let offered = runs as f64 * (1000.0 / EVERY.as_millis() as f64);
-    println!("{runs} runs, each a producer appending one text.delta every 50 ms for {secs} s and one SSE subscriber (`detail=full`)");
-    println!("| appends/s achieved (offered) | ratio to offered | append sent → receipt p50 / p99 (ms) | received / appended | server CPU | server RSS | live reads/s | live reads per append |");
-    println!("|---|---|---|---|---|---|---|---|");
+    let how = if streaming {
+        "writing one text.delta line to its streaming append"
+    } else {
+        "appending one text.delta"
+    };
     println!(
-        "| {:.0} ({offered:.0}) | {:.2} | {:.2} / {:.2} (target p99 ≤ 25) | {received} / {expected} | {:.0}% | {:.0} MiB | {:.0} | {:.2} |",
+        "{runs} runs, each a producer {how} every 50 ms for {secs} s and one SSE subscriber (`detail=full`); {lanes} group-commit lanes"
+    );
+    let mut committed = std::mem::take(&mut *COMMITTED.lock().unwrap_or_else(|p| p.into_inner()));
+    println!("| appends/s achieved (offered) | ratio to offered | append sent → acknowledged (committed) p50 / p99 (ms) | append sent → receipt p50 / p99 (ms) | received / appended | server CPU | server RSS | live reads/s | live reads per append |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {:.0} ({offered:.0}) | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} (target p99 ≤ 25) | {received} / {expected} | {:.0}% | {:.0} MiB | {:.0} | {:.2} |",
         appended as f64 / produced,
         appended as f64 / produced / offered,
+        support::pct(&mut committed, 0.5),
+        support::pct(&mut committed, 0.99),
         support::pct(&mut lat, 0.5),
         support::pct(&mut lat, 0.99),
         100.0 * cpu / wall,

@@ -271,15 +271,19 @@ pub async fn bare_notify(url: &str, n: usize, spacing: Duration) -> Vec<f64> {
             }
         }
     });
-    listener.batch_execute("LISTEN bench_fanout").await.expect("listen");
+    // A channel of this process's own: two load runs against one database (or a stray
+    // notifier) would otherwise read each other's clocks, and a payload from another
+    // clock can lie after this one's receipt.
+    let channel = format!("bench_fanout_{}", std::process::id());
+    listener.batch_execute(&format!("LISTEN {channel}")).await.expect("listen");
     let sender = connect(url).await;
     let mut lat = vec![];
     for _ in 0..n {
         let sent = micros_since(base);
-        sender.execute("SELECT pg_notify('bench_fanout', $1)", &[&sent.to_string()]).await.expect("notify");
+        sender.execute("SELECT pg_notify($1, $2)", &[&channel, &sent.to_string()]).await.expect("notify");
         let (got, payload) = rx.recv().await.expect("notification");
         let sent: u64 = payload.parse().expect("payload");
-        lat.push((got - sent) as f64 / 1000.0);
+        lat.push(got.saturating_sub(sent) as f64 / 1000.0);
         tokio::time::sleep(spacing).await;
     }
     lat

@@ -200,6 +200,7 @@ async fn sigterm_drains_appends_and_closes_streams_cleanly() {
 /// stream is pulled only as the socket drains, and the rest waits in the database.
 #[tokio::test]
 async fn a_client_that_never_reads_does_not_grow_server_memory() {
+    const ROUNDS: usize = 6;
     let t = TestApp::new().await;
     let run = t.create_run(&t.key_a).await;
     t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
@@ -224,7 +225,7 @@ async fn a_client_that_never_reads_does_not_grow_server_memory() {
     let before = server.rss_kib();
     let started = Instant::now();
     let mut rss = vec![];
-    for round in 0..2 {
+    for round in 0..ROUNDS {
         for b in 0..40 {
             // ~220 KB per batch, ~9 MB per round.
             t.append_ok_at(&server.base, &t.key_a, &run, batch(1_000, 100 * round + b)).await;
@@ -233,18 +234,23 @@ async fn a_client_that_never_reads_does_not_grow_server_memory() {
         rss.push(server.rss_kib());
     }
     eprintln!(
-        "appended 80000 events (~18 MB) in {:.1?} with 4 stalled streams; server RSS {before} -> {} -> {} KiB",
+        "appended {} events (~{} MB) in {:.1?} with 4 stalled streams; server RSS {before} -> {rss:?} KiB",
+        ROUNDS * 40_000,
+        ROUNDS * 9,
         started.elapsed(),
-        rss[0],
-        rss[1]
     );
-    // Buffering for 4 stalled streams would cost 4 × 18 MB; what grows is bounded (the
-    // feed keeps 32 pages of up to 1,000 events, with each event's rendering once a
-    // stream has sent it, and each stream holds at most one page in hand; measured
-    // growth is 18-19 MB without the renderings, 22-25 MB with them): the second round
-    // adds next to nothing, and the whole stays far below what buffering would take.
-    assert!(rss[1] < rss[0] + 6 * 1024, "RSS kept growing: {before} -> {rss:?} KiB");
-    assert!(rss[1] < before + 32 * 1024, "RSS grew from {before} to {rss:?} KiB");
+    // Buffering for 4 stalled streams would cost 4 × 9 MB a round. What the server holds
+    // is bounded instead (the feed keeps 32 pages of up to 1,000 events, with each
+    // page's frames once a stream has sent it, and each stream holds at most one page in
+    // hand), but when the bound is reached depends on timing, and the allocator keeps
+    // some of what it once needed: one run in CI grew 2.8 MB in the first round and
+    // 9.5 MB in the second. So the check is over the later rounds, once the bound is
+    // reached: their 27 MB would add 108 MB if buffered, and add next to nothing.
+    let settled = rss[ROUNDS - 4];
+    let last = rss[ROUNDS - 1];
+    assert!(last < settled + 12 * 1024, "RSS kept growing over the last 3 rounds: {before} -> {rss:?} KiB");
+    let top = rss.iter().copied().max().unwrap_or(0);
+    assert!(top < before + 40 * 1024, "RSS grew from {before} to {rss:?} KiB");
     drop(stalled);
 }
 

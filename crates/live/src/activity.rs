@@ -2,9 +2,10 @@
 //!
 //! Every committed write already bumps the tenant's wake-up in the [`Hub`](super::Hub)
 //! (locally and through the listener from other processes). On a wake-up, at most
-//! every 100 ms (`MIN_GAP`), one task per watched tenant reads the tenant's run rows
-//! changed since its last read, with an overlap for transactions that stamped
-//! `updated_at` before committing, and hands the rows to every stream of the tenant;
+//! every 100 ms (`MIN_GAP`), one task per watched tenant reads the tenant's runs created
+//! or whose state changed since its last read (`state_changed_at`, which appends that
+//! leave the state alone do not move), with an overlap for transactions that stamped it
+//! before committing, and hands the rows to every stream of the tenant;
 //! each stream reports the runs that are new to it or whose state moved. So a wake-up
 //! costs one read per tenant, whatever the number of streams. The rows are the truth,
 //! so a lost wake-up costs at most one safety-poll interval.
@@ -29,7 +30,7 @@ use crate::Live;
 
 /// Least time between two reads of one stream.
 const MIN_GAP: Duration = Duration::from_millis(100);
-/// How far before its last read a stream looks again (commit lag of `updated_at`).
+/// How far before its last read a stream looks again (commit lag of `state_changed_at`).
 const OVERLAP: chrono::TimeDelta = chrono::TimeDelta::seconds(5);
 /// Reads a stream may fall behind before it reads for itself.
 const BUFFER: usize = 16;

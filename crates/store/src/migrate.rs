@@ -45,6 +45,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0007_run_tombstones.sql",
         sql: include_str!("../../../sql/0007_run_tombstones.sql"),
     },
+    Migration {
+        version: 8,
+        name: "0008_hot_run_heads.sql",
+        sql: include_str!("../../../sql/0008_hot_run_heads.sql"),
+    },
 ];
 
 /// What a migration run did.

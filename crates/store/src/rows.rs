@@ -226,7 +226,8 @@ impl RunRows {
     pub async fn statement<C: GenericClient>(c: &C) -> Result<Statement> {
         Ok(c.prepare_cached(
             "UPDATE runs r SET last_seq = u.last_seq, last_event_id = u.last_id, state = u.state,
-                    updated_at = $2, ended_at = COALESCE(u.ended_at, r.ended_at)
+                    updated_at = $2, ended_at = COALESCE(u.ended_at, r.ended_at),
+                    state_changed_at = CASE WHEN u.state IS DISTINCT FROM r.state THEN $2 ELSE r.state_changed_at END
              FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[], $7::timestamptz[])
                   AS u(run_id, last_seq, last_id, state, ended_at)
              WHERE r.tenant_id = $1 AND r.run_id = u.run_id AND r.last_seq <> u.last_seq",
@@ -250,7 +251,8 @@ impl RunRows {
         Ok(c.prepare_cached(
             "WITH moved AS (
                  UPDATE runs r SET last_seq = u.last_seq, last_event_id = u.last_id, state = u.state,
-                        updated_at = $2, ended_at = COALESCE(u.ended_at, r.ended_at)
+                        updated_at = $2, ended_at = COALESCE(u.ended_at, r.ended_at),
+                    state_changed_at = CASE WHEN u.state IS DISTINCT FROM r.state THEN $2 ELSE r.state_changed_at END
                  FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[], $7::timestamptz[], $8::bigint[])
                       AS u(run_id, last_seq, last_id, state, ended_at, prev_seq)
                  WHERE r.tenant_id = $1 AND r.run_id = u.run_id AND r.last_seq = u.prev_seq

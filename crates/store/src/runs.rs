@@ -201,8 +201,8 @@ pub async fn list_runs(db: &Db, tenant: &str, q: &RunQuery) -> Result<Vec<RunInf
     Ok(rows.iter().map(run_from_row).collect())
 }
 
-/// The tenant's runs whose row changed at or after `since`, oldest change first, and
-/// the database's clock (the next `since`).
+/// The tenant's runs created or whose state changed at or after `since`, oldest change
+/// first, and the database's clock (the next `since`).
 pub async fn changed_since(
     db: &Db,
     tenant: &str,
@@ -213,8 +213,8 @@ pub async fn changed_since(
     let rows = tx
         .query(
             &format!(
-                "SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1 AND updated_at >= $2
-                 ORDER BY updated_at, run_id"
+                "SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1 AND state_changed_at >= $2
+                 ORDER BY state_changed_at, run_id"
             ),
             &[&tenant, &since],
         )
@@ -224,8 +224,8 @@ pub async fn changed_since(
     Ok((rows.iter().map(run_from_row).collect(), now))
 }
 
-/// The tenant's runs that can still change (not in a terminal state) or changed in the
-/// last `recent_secs` seconds, with the database's clock.
+/// The tenant's runs that can still change (not in a terminal state) or whose state
+/// changed in the last `recent_secs` seconds, with the database's clock.
 pub async fn open_runs(db: &Db, tenant: &str, recent_secs: f64) -> Result<(Vec<RunInfo>, DateTime<Utc>)> {
     let mut client = db.pool.get().await?;
     let tx = tenant_tx(&mut client, tenant).await?;
@@ -235,7 +235,7 @@ pub async fn open_runs(db: &Db, tenant: &str, recent_secs: f64) -> Result<(Vec<R
             &format!(
                 "SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1
                    AND (state IS NULL OR state NOT IN ('done', 'aborted', 'error')
-                        OR updated_at >= clock_timestamp() - make_interval(secs => $2))"
+                        OR state_changed_at >= clock_timestamp() - make_interval(secs => $2))"
             ),
             &[&tenant, &recent_secs],
         )

@@ -97,7 +97,7 @@ impl Default for Settings {
             max_body_bytes: 16 << 20,
             max_import_bytes: 1 << 30,
             append_rate: Some(crate::ratelimit::RateLimit::default()),
-            group_commit_lanes: 4,
+            group_commit_lanes: 2,
             cors_origins: Some(vec![]),
             shedding: Shedding::default(),
             ws: WsLimits::default(),

@@ -1,5 +1,5 @@
 //! `ingest-single`: 64 producers, each appending single ~100-byte text deltas to its
-//! own run over HTTP as fast as answers come, for 5 s, with group commit on (4 lanes, the
+//! own run over HTTP as fast as answers come, for 5 s, with group commit on (2 lanes, the
 //! default; `INGEST_LANES=n` for another count) and off; baseline: single-row autocommit INSERTs of the same rows into a table like
 //! `agent_run_events` from 16 and from 64 connections. The service is a separate
 //! `agent-stream serve` process (release binary, rate limit off), so its CPU is read
@@ -270,7 +270,7 @@ fn late_acks(n: u64) {
 pub async fn run(bin: &Path, url: &str, schema: &str) {
     let raw16 = raw_inserts(url, schema, 16).await;
     let raw64 = raw_inserts(url, schema, 64).await;
-    let lanes = std::env::var("INGEST_LANES").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
+    let lanes = std::env::var("INGEST_LANES").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
     let grouped = service_appends(bin, url, schema, lanes).await;
     let alone = service_appends(bin, url, schema, 0).await;
     let streamed = service_streams(bin, url, schema, lanes).await;

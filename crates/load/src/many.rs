@@ -124,8 +124,8 @@ async fn run_mode(bin: &Path, url: &str, schema: &str, streaming: bool) {
         support::pct(&mut bare, 0.5),
         support::pct(&mut bare, 0.99)
     );
-    // `MANY_LANES=n`: group-commit lanes of the server (default: its own default, 4).
-    let lanes = std::env::var("MANY_LANES").unwrap_or_else(|_| "4".to_owned());
+    // `MANY_LANES=n`: group-commit lanes of the server (default: its own default, 2).
+    let lanes = std::env::var("MANY_LANES").unwrap_or_else(|_| "2".to_owned());
     let args = ["--append-rate", "0", "--retention-interval", "0", "--group-commit-lanes", &lanes];
     let server = support::serve(bin, url, schema, &args).await;
     let addr = server.base.trim_start_matches("http://").to_owned();

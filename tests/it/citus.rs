@@ -184,12 +184,17 @@ fn with_options(url: &str, options: &str) -> String {
     }
 }
 
+/// A pool on the test's schema whose connections make the coordinator log every command
+/// it sends to a worker.
+fn logging_pool(t: &TestApp) -> Db {
+    let url = with_options(&t.db.url, "-c citus.log_remote_commands=on -c log_min_messages=notice");
+    Db::new(&DbConfig { url, schema: t.db.schema.clone(), max_connections: 4 }).expect("pool")
+}
+
 /// A second service instance on the test's schema whose connections make the
 /// coordinator log every command it sends to a worker.
 async fn logging_instance(t: &TestApp) -> String {
-    let url = with_options(&t.db.url, "-c citus.log_remote_commands=on -c log_min_messages=notice");
-    let pool = Db::new(&DbConfig { url, schema: t.db.schema.clone(), max_connections: 4 }).expect("pool");
-    let app = App::new(pool, t.app.settings.clone());
+    let app = App::new(logging_pool(t), t.app.settings.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let router = agent_stream::http::router(app);
@@ -281,7 +286,21 @@ async fn appends_reads_and_wake_ups_are_router_transactions() {
     (_, from) = remote_commands(&owner, from).await;
     t.append_ok(&t.key_a, &run, json!([{"type": "custom.live"}])).await;
     wait_for(&mut body, &mut seen, 104).await;
-    let (cmds, _) = remote_commands(&owner, from).await;
+    let (cmds, end) = remote_commands(&owner, from).await;
+    from = end;
     check("subscription wake-up", 4, cmds);
+
+    // Feeds woken together read in one statement: still one worker, the tenant's.
+    let second = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &second, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    let pool = logging_pool(&t);
+    let client = pool.pool.get().await.expect("connection");
+    (_, from) = remote_commands(&owner, from).await;
+    let asks = [(run.clone(), 100), (second.clone(), 0)];
+    let read = agent_stream::storage::events::read_after_many(&client, &t.tenant_a, &asks, 1000).await;
+    let counts: Vec<usize> = read.expect("combined read").iter().map(Vec::len).collect();
+    assert_eq!(counts, [4, 1], "the rows after each cursor");
+    let (cmds, _) = remote_commands(&owner, from).await;
+    check("combined read of two runs", 4, cmds);
     eprintln!("round trips to the worker: {costs:?}");
 }

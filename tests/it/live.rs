@@ -281,6 +281,75 @@ async fn subscribers_of_one_run_share_reads() {
     );
 }
 
+/// The combined read behind the feeds returns, for each run asked, exactly what the
+/// one-run read returns after the same cursor (limit per run, order asked); a run of
+/// another tenant, or none, comes back empty (row-level security scopes the read).
+#[tokio::test]
+async fn a_combined_read_returns_what_each_run_reads_alone() {
+    use agent_stream::storage::events::{read_after_alone, read_after_many};
+    let t = TestApp::new().await;
+    let mut asks = vec![];
+    for (i, n) in [5usize, 1, 3].into_iter().enumerate() {
+        let run = running_run(&t).await;
+        let events: Vec<Value> = (0..n).map(|k| delta(&format!("r{i} e{k}"))).collect();
+        t.append_ok(&t.key_a, &run, Value::Array(events)).await;
+        asks.push((run, i as i64));
+    }
+    let theirs = t.create_run(&t.key_b).await;
+    t.append_ok(&t.key_b, &theirs, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    asks.push((theirs, 0));
+    asks.push(("01J00000000000000000000000".to_owned(), 0));
+    // The first run again, further on: a run may be asked for twice.
+    asks.push((asks[0].0.clone(), 4));
+    let client = t.app.db.pool.get().await.expect("connection");
+    for limit in [1, 3, 1000] {
+        let together = read_after_many(&client, &t.tenant_a, &asks, limit).await.expect("combined read");
+        assert_eq!(together.len(), asks.len());
+        for ((run, after), got) in asks.iter().zip(&together) {
+            let alone = read_after_alone(&client, &t.tenant_a, run, *after, limit).await.expect("read");
+            let seqs = |evs: &[agent_stream::domain::Event]| {
+                evs.iter().map(|e| (e.run_id.clone(), e.seq, e.id)).collect::<Vec<_>>()
+            };
+            assert_eq!(seqs(got), seqs(&alone), "run {run} after {after}, limit {limit}");
+        }
+        let counts: Vec<usize> = together.iter().map(Vec::len).collect();
+        let want: Vec<usize> = [6, 1, 2, 0, 0, 2].iter().map(|n: &usize| (*n).min(limit as usize)).collect();
+        assert_eq!(counts, want, "limit {limit}");
+    }
+}
+
+/// Feeds of runs woken together share their reads: with the listener stopped, one event
+/// is appended to each of eight runs of a tenant through another instance, and one
+/// forced wake-up (what a reconnecting listener does) reads them all in fewer
+/// statements than runs. Every subscriber still gets exactly its run's event.
+#[tokio::test]
+async fn feeds_woken_together_share_their_reads() {
+    const RUNS: usize = 8;
+    let t = TestApp::new().await;
+    let other = t.second_instance().await;
+    let mut runs = vec![];
+    for _ in 0..RUNS {
+        let run = running_run(&t).await;
+        let sse = caught_up_readers(&t, &run, 1).await.pop().expect("a reader");
+        runs.push((run, sse));
+    }
+    // No wake-up reaches this instance until the forced one.
+    t.app.live.stop_listening();
+    for (i, (run, _)) in runs.iter().enumerate() {
+        t.append_ok_at(&other, &t.key_a, run, json!([delta(&format!("to run {i}"))])).await;
+    }
+    let before = t.app.live.feeds.reads();
+    t.app.live.hub.wake_all();
+    for (i, (_, sse)) in runs.iter_mut().enumerate() {
+        let f = sse.next().await.expect("the run's event");
+        assert_eq!(f.id, Some(2));
+        assert_eq!(f.data["payload"]["text"], format!("to run {i}"), "each run gets its own event");
+    }
+    let reads = t.app.live.feeds.reads() - before;
+    eprintln!("{RUNS} runs woken together: {reads} reads");
+    assert!(reads < RUNS as u64 / 2, "{reads} reads for {RUNS} runs woken together");
+}
+
 /// One fold per run per event, whatever the number of subscribers (issue 19): 24
 /// subscribers in two dialects that read the view get their items from the run's feed,
 /// which folds each event once and renders it once per dialect. What they receive is

@@ -24,12 +24,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::broadcast;
 
+use super::reads::Reads;
 use super::{Hub, ViewCache};
 use agent_stream_core::dialect::{render, Format, Out, RunCtx, Step, Wire};
 use agent_stream_core::domain::Event;
 use agent_stream_core::projection::{updates, RunView, ViewUpdate};
-use agent_stream_store::db::discard;
-use agent_stream_store::events::read_after_alone;
 use agent_stream_store::Db;
 
 /// A page of consecutive events, shared by all subscribers of a run.
@@ -305,11 +304,13 @@ struct Feed {
     wants: Arc<Wants>,
 }
 
-/// Per-run feeds and the read and fold counters.
+/// Per-run feeds, their combined reads, and the read and fold counters.
 #[derive(Default)]
 pub struct Feeds {
     feeds: Mutex<HashMap<(String, String), Feed>>,
-    reads: AtomicU64,
+    /// Started by the first feed (it needs the store, which `join` brings).
+    combined: OnceLock<Reads>,
+    reads: Arc<AtomicU64>,
     folds: AtomicU64,
 }
 
@@ -374,7 +375,9 @@ impl Feeds {
         feeds.insert(key.clone(), Feed { tx: tx.clone(), wants: wants.clone() });
         let wake = hub.subscribe(tenant, run_id);
         let fold = Folding { views: views.clone(), wants, state: None };
-        tokio::spawn(run_feed(self.clone(), db.clone(), key, from, wake, stopping, tx, fold));
+        let reads = self.combined.get_or_init(|| Reads::start(db.clone(), self.reads.clone())).clone();
+        let feed = Running { feeds: self.clone(), reads, db: db.clone(), key };
+        tokio::spawn(run_feed(feed, from, wake, stopping, tx, fold));
         (rx, registration)
     }
 }
@@ -426,17 +429,23 @@ impl Folding {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run_feed(
+/// What a feed task reads with and for.
+struct Running {
     feeds: Arc<Feeds>,
+    reads: Reads,
     db: Db,
     key: (String, String),
+}
+
+async fn run_feed(
+    feed: Running,
     mut cursor: i64,
     mut wake: tokio::sync::watch::Receiver<i64>,
     mut stopping: tokio::sync::watch::Receiver<bool>,
     tx: broadcast::Sender<Page>,
     mut fold: Folding,
 ) {
+    let Running { feeds, reads, db, key } = feed;
     let (tenant, run_id) = &key;
     loop {
         if tx.receiver_count() == 0 {
@@ -444,16 +453,8 @@ async fn run_feed(
         }
         // Read everything committed after the cursor, in pages.
         loop {
-            let page = async {
-                let client = db.pool.get().await?;
-                let page = read_after_alone(&client, tenant, run_id, cursor, FEED_PAGE).await;
-                if page.is_err() {
-                    discard(client);
-                }
-                page
-            }
-            .await;
-            feeds.count_read();
+            // Counted by the combiner, once per statement however many runs it carries.
+            let page = reads.read(tenant, run_id, cursor, FEED_PAGE).await;
             match page {
                 Ok(evs) if evs.is_empty() => break,
                 Ok(evs) => {

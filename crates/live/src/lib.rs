@@ -29,6 +29,7 @@
 pub mod activity;
 mod feed;
 mod hub;
+mod reads;
 pub mod shed;
 mod tail;
 pub mod views;

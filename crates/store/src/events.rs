@@ -1,7 +1,8 @@
 //! The one read path over the log: rows with `seq > cursor`, in seq order.
 //!
 //! Every surface that reads events (the append guard's rebuild, queries, later the
-//! live hub, SSE and JSONL) goes through [`read_after`] or [`stream_after`], so
+//! live hub, SSE and JSONL) goes through [`read_after`] or [`stream_after`] (live feeds
+//! woken together through [`read_after_many`], the same condition for several runs), so
 //! catch-up and live reads cannot disagree about what comes after a cursor.
 
 use deadpool_postgres::GenericClient;
@@ -123,6 +124,56 @@ pub async fn read_after_alone(
     commit?;
     rows.iter().map(event_from_row).collect()
 }
+
+/// [`read_after_alone`] for several runs of one tenant in one statement: up to `limit`
+/// events after each `(run_id, after_seq)`, returned per run in the order asked, each
+/// in seq order. Live feeds woken together (one group commit wakes every run it
+/// wrote) share this read instead of sending one transaction each: the same
+/// `seq > cursor` rows, fewer statements for PostgreSQL and fewer round trips here.
+/// On Citus the `tenant_id` equality routes it to the tenant's shard, like the
+/// single-run read.
+pub async fn read_after_many(
+    c: &deadpool_postgres::ClientWrapper,
+    tenant: &str,
+    runs: &[(String, i64)],
+    limit: i64,
+) -> Result<Vec<Vec<Event>>> {
+    if let [(run_id, after)] = runs {
+        return Ok(vec![read_after_alone(c, tenant, run_id, *after, limit).await?]);
+    }
+    let stmt = c.prepare_cached(&READ_AFTER_MANY).await?;
+    let ids: Vec<&str> = runs.iter().map(|r| r.0.as_str()).collect();
+    let afters: Vec<i64> = runs.iter().map(|r| r.1).collect();
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&tenant, &ids, &afters, &limit];
+    let read = async { Ok::<_, Error>(futures::join!(c.query(&stmt, &params), c.batch_execute("COMMIT"))) };
+    let (rows, commit) = super::db::begin_with(c, tenant, read).await?;
+    let rows = rows?;
+    commit?;
+    let mut out: Vec<Vec<Event>> = runs.iter().map(|_| vec![]).collect();
+    for r in &rows {
+        // The statement's last column is the run's position in the request (1-based).
+        let at: i64 = r.get(r.len() - 1);
+        let slot = usize::try_from(at - 1)
+            .ok()
+            .and_then(|i| out.get_mut(i))
+            .ok_or_else(|| Error::Internal(anyhow::anyhow!("read_after_many: row for request {at}")))?;
+        slot.push(event_from_row(r)?);
+    }
+    Ok(out)
+}
+
+/// The statement of [`read_after_many`]: [`READ_AFTER`]'s condition, per requested run.
+static READ_AFTER_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let cols = EVENT_COLUMNS.split(", ").map(|c| format!("e.{c}")).collect::<Vec<_>>().join(", ");
+    format!(
+        "SELECT {cols}, w.at FROM unnest($2::text[], $3::bigint[]) WITH ORDINALITY AS w(run_id, after_seq, at)
+         CROSS JOIN LATERAL (
+             SELECT {EVENT_COLUMNS} FROM agent_run_events
+             WHERE tenant_id = $1 AND run_id = w.run_id AND seq > w.after_seq
+             ORDER BY seq LIMIT $4) e
+         ORDER BY w.at, e.seq"
+    )
+});
 
 /// Every event of a run with `after_seq < seq <= upto` that passes `filter`, streamed
 /// row by row (constant memory).

@@ -91,7 +91,7 @@ impl Source for Paced {
         Some(Batch::from(vec![e]))
     }
 
-    fn behind(&self) -> i64 {
+    fn behind(&self, _seq: i64) -> i64 {
         0
     }
 }

@@ -156,8 +156,8 @@ impl Source for Live {
         }
         Some(batch)
     }
-    fn behind(&self) -> i64 {
-        self.tail.behind()
+    fn behind(&self, seq: i64) -> i64 {
+        self.tail.behind_seq(seq)
     }
 }
 
@@ -175,8 +175,8 @@ pub(super) fn sse_response<S: Source + Send + 'static>(state: Sending<S>, format
 pub(super) trait Source {
     /// The next events in seq order; `None` at the end.
     fn next_batch(&mut self) -> impl std::future::Future<Output = Option<Batch>> + Send;
-    /// How far behind the newest committed event the consumer is.
-    fn behind(&self) -> i64;
+    /// How far the newest committed event is past `seq` (0 when not known).
+    fn behind(&self, seq: i64) -> i64;
     /// Told how many deltas were dropped for this consumer.
     fn note_dropped(&self, _n: u64) {}
 }
@@ -188,8 +188,8 @@ impl Source for Tail {
     async fn next_batch(&mut self) -> Option<Batch> {
         Tail::next_batch(self).await
     }
-    fn behind(&self) -> i64 {
-        Tail::behind(self)
+    fn behind(&self, seq: i64) -> i64 {
+        Tail::behind_seq(self, seq)
     }
 }
 
@@ -300,7 +300,7 @@ impl<S: Source> Sending<S> {
             };
             match next {
                 Some(batch) => {
-                    self.level = self.shedder.level(self.source.behind(), Instant::now());
+                    self.measure(&batch, 0);
                     match self.shared_page(&batch) {
                         Some(frames) => self.page = Some(frames),
                         None => self.batch = Some((batch, 0)),
@@ -408,7 +408,20 @@ impl<S: Source> Sending<S> {
 
     /// Encodes up to [`EVENTS_PER_STEP`] events of `batch` from index `from`, keeping
     /// the rest for the next step.
+    /// Where the reader stands when it asks for the step of `batch` from index `from`:
+    /// as far behind the head as the step's last event. Measured per step, not per
+    /// batch: a batch of a reader catching up can reach from far behind to the head,
+    /// and the steps that end between the two limits must lose reasoning only.
+    fn measure(&mut self, batch: &Batch, from: usize) {
+        let to = (from + EVENTS_PER_STEP).min(batch.events().len());
+        let Some(last) = to.checked_sub(1).and_then(|i| batch.events().get(i)) else { return };
+        self.level = self.shedder.level(self.source.behind(last.seq), Instant::now());
+    }
+
     fn encode(&mut self, batch: &Batch, from: usize) {
+        if from > 0 {
+            self.measure(batch, from);
+        }
         let to = (from + EVENTS_PER_STEP).min(batch.events().len());
         let mut items = Vec::with_capacity(to - from);
         match batch.rendered(self.enc.format()) {
@@ -513,7 +526,7 @@ mod tests {
         async fn next_batch(&mut self) -> Option<Batch> {
             self.0.recv().await.map(Batch::from)
         }
-        fn behind(&self) -> i64 {
+        fn behind(&self, _seq: i64) -> i64 {
             0
         }
     }
@@ -633,7 +646,7 @@ mod tests {
         async fn next_batch(&mut self) -> Option<Batch> {
             self.0.pop_front()
         }
-        fn behind(&self) -> i64 {
+        fn behind(&self, _seq: i64) -> i64 {
             0
         }
     }

@@ -1,7 +1,9 @@
 //! Backpressure (seed 004 R4): which deltas a reader that cannot keep up loses.
 //!
 //! A reader is measured by how far its stream is behind the run's newest committed
-//! event, at the moment it asks for more (the socket only asks when the client has read:
+//! event, at the moment it asks for more, once per step of a few dozen events (so a
+//! reader catching up in one long read still passes through both limits) (the socket
+//! only asks when the client has read:
 //! the service keeps at most `TCP_NOTSENT_LOWAT` of unsent bytes (see the service's `server` module)
 //! and a few frames in hyper, so the distance is the client's, not the kernel's).
 //!

@@ -113,7 +113,12 @@ impl Tail {
     /// reading history (whether that makes it slow is the shedder's call: a reader
     /// catching up closes the distance).
     pub fn behind(&self) -> i64 {
-        ((*self.newest.borrow()).max(self.known_last) - self.cursor).max(0)
+        self.behind_seq(self.cursor)
+    }
+
+    /// How far the newest committed event known here is past `seq` (0 at or after it).
+    pub fn behind_seq(&self, seq: i64) -> i64 {
+        ((*self.newest.borrow()).max(self.known_last) - seq).max(0)
     }
 
     /// Counts deltas a transport dropped for this subscriber (a metric).

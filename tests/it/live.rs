@@ -318,6 +318,34 @@ async fn a_combined_read_returns_what_each_run_reads_alone() {
     }
 }
 
+/// A process hears its own notifications but reads no run heads for them (its
+/// subscribers were woken when the append committed); another instance's append is
+/// read, and reaches the subscriber here.
+#[tokio::test]
+async fn a_process_reads_heads_only_for_other_processes_notifications() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let t = TestApp::new().await;
+    let run = running_run(&t).await;
+    let mut sse = caught_up_readers(&t, &run, 1).await.pop().expect("a reader");
+    let (heard, heads) = (t.app.metrics.notifications.load(Relaxed), t.app.live.heads_read());
+    for i in 0..5 {
+        t.append_ok(&t.key_a, &run, json!([delta(&format!("here {i}"))])).await;
+        assert_eq!(sse.next().await.and_then(|f| f.id), Some(i + 2));
+    }
+    // The listener hears them (the lag metric moves) ...
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while t.app.metrics.notifications.load(Relaxed) == heard {
+        assert!(tokio::time::Instant::now() < deadline, "the process heard none of its notifications");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ... and reads nothing for them.
+    assert_eq!(t.app.live.heads_read(), heads, "no head read for this process's own appends");
+    let other = t.second_instance().await;
+    t.append_ok_at(&other, &t.key_a, &run, json!([delta("there")])).await;
+    assert_eq!(sse.next().await.and_then(|f| f.id), Some(7), "another instance's append arrives");
+    assert!(t.app.live.heads_read() > heads, "another process's notification is read");
+}
+
 /// Feeds of runs woken together share their reads: with the listener stopped, one event
 /// is appended to each of eight runs of a tenant through another instance, and one
 /// forced wake-up (what a reconnecting listener does) reads them all in fewer

@@ -6,7 +6,9 @@
 //!   coalesced (a batch every few milliseconds, one line per run). NOTIFY takes a
 //!   cluster-wide lock at commit; doing it outside the producers' transactions keeps
 //!   that lock off the append path, and coalescing keeps it rare.
-//! - One LISTEN connection per process feeds other processes' pointers into the hub.
+//! - One LISTEN connection per process feeds other processes' pointers into the hub
+//!   (a process marks its payloads with a random nonce and skips its own: their
+//!   subscribers here were woken at commit).
 //!   When it reconnects (with backoff), every subscriber re-reads its cursor, because
 //!   notifications sent while it was away are lost.
 //! - A slow safety poll compares the runs subscribers watch with their committed
@@ -82,6 +84,8 @@ pub struct Live {
     stopping: tokio::sync::watch::Sender<bool>,
     outbox: mpsc::Sender<(String, String)>,
     listening: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Statements the listener made to read runs' newest seqs (see [`Live::heads_read`]).
+    heads_read: Arc<std::sync::atomic::AtomicU64>,
     /// The listener and the safety poll, stopped by [`Live::stop_listening`].
     watchers: [tokio::task::AbortHandle; 2],
 }
@@ -142,12 +146,16 @@ impl Live {
         let hub = std::sync::Arc::new(Hub::default());
         let (outbox, rx) = mpsc::channel(65_536);
         let listening = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        tokio::spawn(notifier(url.clone(), schema.clone(), rx));
+        let heads_read = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        // Marks this process's notifications, so its listener does not read the heads
+        // of runs whose subscribers here were woken at commit already.
+        let origin = Origin(hex::encode(rand::random::<[u8; 8]>()));
+        tokio::spawn(notifier(url.clone(), schema.clone(), origin.clone(), rx));
         let listen = tokio::spawn(listener(
             url.clone(),
             schema.clone(),
             hub.clone(),
-            listening.clone(),
+            Listening { up: listening.clone(), origin, heads_read: heads_read.clone() },
             metrics.clone(),
         ));
         let poll = tokio::spawn(safety_poll(url, schema, hub.clone()));
@@ -163,8 +171,16 @@ impl Live {
             stopping: tokio::sync::watch::channel(false).0,
             outbox,
             listening,
+            heads_read,
             watchers,
         }
+    }
+
+    /// Statements the listener has made to read the newest seq of runs named by other
+    /// processes' notifications (its own are skipped: their subscribers here were woken
+    /// when the append committed).
+    pub fn heads_read(&self) -> u64 {
+        self.heads_read.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Starts a graceful shutdown: open live streams end cleanly (clients resume from
@@ -214,7 +230,18 @@ impl Live {
     }
 }
 
-async fn notifier(url: String, schema: String, mut rx: mpsc::Receiver<(String, String)>) {
+/// A process's mark on its notifications: a random nonce, not derived from anything.
+#[derive(Clone)]
+struct Origin(String);
+
+impl Origin {
+    /// The first line of every payload this process sends.
+    fn header(&self) -> String {
+        format!("from {}\n", self.0)
+    }
+}
+
+async fn notifier(url: String, schema: String, origin: Origin, mut rx: mpsc::Receiver<(String, String)>) {
     let mut conn: Option<(tokio_postgres::Client, Secret)> = None;
     while let Some(first) = rx.recv().await {
         let mut runs: std::collections::HashSet<(String, String)> = Default::default();
@@ -228,13 +255,14 @@ async fn notifier(url: String, schema: String, mut rx: mpsc::Receiver<(String, S
         }
         let Some((c, secret)) = &conn else { continue };
         let chan = secret.channel();
-        let mut payloads = vec![String::new()];
+        let header = origin.header();
+        let mut payloads = vec![header.clone()];
         let sent_ms = chrono::Utc::now().timestamp_millis();
         for (t, r) in runs {
             // The send time lets receivers measure notification lag.
             let line = format!("{} {} {sent_ms}\n", secret.tenant_token(&t), secret.run_token(&t, &r));
             if payloads.last().is_some_and(|p| p.len() + line.len() > MAX_PAYLOAD) {
-                payloads.push(String::new());
+                payloads.push(header.clone());
             }
             if let Some(p) = payloads.last_mut() {
                 p.push_str(&line);
@@ -257,17 +285,26 @@ async fn connect_with_secret(url: &str, schema: &str) -> anyhow::Result<(tokio_p
     Ok((c, secret))
 }
 
+/// The listener's state shared with [`Live`].
+struct Listening {
+    /// True while the LISTEN connection is up.
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// This process's mark, to tell its own notifications.
+    origin: Origin,
+    heads_read: Arc<std::sync::atomic::AtomicU64>,
+}
+
 async fn listener(
     url: String,
     schema: String,
     hub: std::sync::Arc<Hub>,
-    listening: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    listening: Listening,
     metrics: Arc<Metrics>,
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
         let result = listen_once(&url, &schema, &hub, &listening, &metrics).await;
-        listening.store(false, std::sync::atomic::Ordering::Relaxed);
+        listening.up.store(false, std::sync::atomic::Ordering::Relaxed);
         match result {
             Ok(()) => backoff = Duration::from_millis(100),
             Err(e) => tracing::warn!(error = %e, "LISTEN connection lost; reconnecting"),
@@ -303,7 +340,7 @@ async fn listen_once(
     url: &str,
     schema: &str,
     hub: &Hub,
-    listening: &std::sync::atomic::AtomicBool,
+    listening: &Listening,
     metrics: &Metrics,
 ) -> anyhow::Result<()> {
     use futures::StreamExt;
@@ -327,7 +364,7 @@ async fn listen_once(
     client.batch_execute(&format!("SET search_path TO {}", quote_ident(schema))).await?;
     let secret = Secret::load(&client).await?;
     client.batch_execute(&format!("LISTEN {}", quote_ident(&secret.channel()))).await?;
-    listening.store(true, std::sync::atomic::Ordering::Relaxed);
+    listening.up.store(true, std::sync::atomic::Ordering::Relaxed);
     // Anything committed while we were not listening is only in the rows.
     hub.wake_all();
     let mut watched = Watched { generation: None, runs: Default::default(), tenants: Default::default() };
@@ -340,26 +377,17 @@ async fn listen_once(
         }
         let mut runs: std::collections::HashSet<(String, String)> = Default::default();
         let mut tenants: std::collections::HashSet<String> = Default::default();
-        for line in payloads.iter().flat_map(|p| p.lines()) {
-            let mut parts = line.split(' ');
-            let (Some(tenant_token), Some(run_token)) = (parts.next(), parts.next()) else { continue };
-            if !watched.runs.contains_key(run_token) && !watched.tenants.contains_key(tenant_token) {
-                watched.refresh(hub, &secret);
-            }
-            let mut known = false;
-            if let Some(run) = watched.runs.get(run_token) {
-                runs.insert(run.clone());
-                known = true;
-            }
-            if let Some(t) = watched.tenants.get(tenant_token) {
-                tenants.insert(t.clone());
-                known = true;
-            }
-            if known {
-                if let Some(Ok(sent)) = parts.next().map(str::parse::<i64>) {
-                    let lag = chrono::Utc::now().timestamp_millis().saturating_sub(sent).max(0);
-                    metrics.notify_lag(std::time::Duration::from_millis(lag as u64));
-                }
+        let own = listening.origin.header();
+        for payload in &payloads {
+            // This process's own lines: their runs' subscribers here were woken when
+            // the append committed; only the lag is measured. A forged mark can only
+            // make this process skip the lines that came with it.
+            let (mine, lines) = match payload.split_once('\n') {
+                Some((first, rest)) if first.starts_with("from ") => (own.trim_end() == first, rest),
+                _ => (false, payload.as_str()),
+            };
+            for line in lines.lines() {
+                note_line(line, mine, hub, &secret, &mut watched, metrics, &mut runs, &mut tenants);
             }
         }
         for t in &tenants {
@@ -368,6 +396,7 @@ async fn listen_once(
         if runs.is_empty() {
             continue;
         }
+        listening.heads_read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // The seq comes from the table, never from the line.
         for (tenant, run, seq) in
             newest(&client, &check, runs.iter().map(|(t, r)| (t.as_str(), r.as_str()))).await?
@@ -378,6 +407,44 @@ async fn listen_once(
     drop(client);
     driver.await??;
     Ok(())
+}
+
+/// One line of a notification: the run or tenant it names, if watched here, joins what
+/// is read (unless the line is this process's own), and its lag is measured.
+#[allow(clippy::too_many_arguments)]
+fn note_line(
+    line: &str,
+    mine: bool,
+    hub: &Hub,
+    secret: &Secret,
+    watched: &mut Watched,
+    metrics: &Metrics,
+    runs: &mut std::collections::HashSet<(String, String)>,
+    tenants: &mut std::collections::HashSet<String>,
+) {
+    let mut parts = line.split(' ');
+    let (Some(tenant_token), Some(run_token)) = (parts.next(), parts.next()) else { return };
+    if !watched.runs.contains_key(run_token) && !watched.tenants.contains_key(tenant_token) {
+        watched.refresh(hub, secret);
+    }
+    let run = watched.runs.get(run_token);
+    let tenant = watched.tenants.get(tenant_token);
+    if run.is_none() && tenant.is_none() {
+        return;
+    }
+    if let Some(Ok(sent)) = parts.next().map(str::parse::<i64>) {
+        let lag = chrono::Utc::now().timestamp_millis().saturating_sub(sent).max(0);
+        metrics.notify_lag(std::time::Duration::from_millis(lag as u64));
+    }
+    if mine {
+        return;
+    }
+    if let Some(run) = run {
+        runs.insert(run.clone());
+    }
+    if let Some(t) = tenant {
+        tenants.insert(t.clone());
+    }
 }
 
 /// The newest seq of some runs of one tenant. One statement per tenant, each naming its

@@ -347,12 +347,12 @@ async fn a_process_reads_heads_only_for_other_processes_notifications() {
 }
 
 /// Feeds of runs woken together share their reads: with the listener stopped, one event
-/// is appended to each of eight runs of a tenant through another instance, and one
-/// forced wake-up (what a reconnecting listener does) reads them all in fewer
-/// statements than runs. Every subscriber still gets exactly its run's event.
+/// is appended to each of sixteen runs of a tenant through another instance, and one
+/// forced wake-up (what a reconnecting listener does) reads them all in at most half as
+/// many statements as runs. Every subscriber still gets exactly its run's event.
 #[tokio::test]
 async fn feeds_woken_together_share_their_reads() {
-    const RUNS: usize = 8;
+    const RUNS: usize = 16;
     let t = TestApp::new().await;
     let other = t.second_instance().await;
     let mut runs = vec![];
@@ -375,7 +375,7 @@ async fn feeds_woken_together_share_their_reads() {
     }
     let reads = t.app.live.feeds.reads() - before;
     eprintln!("{RUNS} runs woken together: {reads} reads");
-    assert!(reads < RUNS as u64 / 2, "{reads} reads for {RUNS} runs woken together");
+    assert!(reads <= RUNS as u64 / 2, "{reads} reads for {RUNS} runs woken together");
 }
 
 /// One fold per run per event, whatever the number of subscribers (issue 19): 24

@@ -406,8 +406,6 @@ impl<S: Source> Sending<S> {
         Some(frames)
     }
 
-    /// Encodes up to [`EVENTS_PER_STEP`] events of `batch` from index `from`, keeping
-    /// the rest for the next step.
     /// Where the reader stands when it asks for the step of `batch` from index `from`:
     /// as far behind the head as the step's last event. Measured per step, not per
     /// batch: a batch of a reader catching up can reach from far behind to the head,
@@ -418,6 +416,8 @@ impl<S: Source> Sending<S> {
         self.level = self.shedder.level(self.source.behind(last.seq), Instant::now());
     }
 
+    /// Encodes up to [`EVENTS_PER_STEP`] events of `batch` from index `from`, keeping
+    /// the rest for the next step.
     fn encode(&mut self, batch: &Batch, from: usize) {
         if from > 0 {
             self.measure(batch, from);

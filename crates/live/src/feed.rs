@@ -375,7 +375,8 @@ impl Feeds {
         feeds.insert(key.clone(), Feed { tx: tx.clone(), wants: wants.clone() });
         let wake = hub.subscribe(tenant, run_id);
         let fold = Folding { views: views.clone(), wants, state: None };
-        let reads = self.combined.get_or_init(|| Reads::start(db.clone(), self.reads.clone())).clone();
+        let reads =
+            self.combined.get_or_init(|| Reads::start(db.clone(), FEED_PAGE, self.reads.clone())).clone();
         let feed = Running { feeds: self.clone(), reads, db: db.clone(), key };
         tokio::spawn(run_feed(feed, from, wake, stopping, tx, fold));
         (rx, registration)
@@ -454,7 +455,7 @@ async fn run_feed(
         // Read everything committed after the cursor, in pages.
         loop {
             // Counted by the combiner, once per statement however many runs it carries.
-            let page = reads.read(tenant, run_id, cursor, FEED_PAGE).await;
+            let page = reads.read(tenant, run_id, cursor).await;
             match page {
                 Ok(evs) if evs.is_empty() => break,
                 Ok(evs) => {

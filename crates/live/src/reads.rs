@@ -30,7 +30,6 @@ struct Ask {
     tenant: String,
     run_id: String,
     after: i64,
-    limit: i64,
     reply: oneshot::Sender<Result<Vec<Event>, ReadError>>,
 }
 
@@ -41,24 +40,19 @@ pub(crate) struct Reads {
 }
 
 impl Reads {
-    /// Starts the combiner over `db`; every statement it sends is counted in `reads`.
-    pub(crate) fn start(db: Db, reads: Arc<AtomicU64>) -> Reads {
+    /// Starts the combiner over `db`, reading up to `limit` events per run; every
+    /// statement it sends is counted in `reads`.
+    pub(crate) fn start(db: Db, limit: i64, reads: Arc<AtomicU64>) -> Reads {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(combine(db, rx, reads));
+        tokio::spawn(combine(db, limit, rx, reads));
         Reads { tx }
     }
 
-    /// Up to `limit` events of the run after `after`, read together with whatever other
-    /// feeds of the tenant asked meanwhile.
-    pub(crate) async fn read(
-        &self,
-        tenant: &str,
-        run_id: &str,
-        after: i64,
-        limit: i64,
-    ) -> Result<Vec<Event>, ReadError> {
+    /// Up to the limit of events of the run after `after`, read together with whatever
+    /// other feeds of the tenant asked meanwhile.
+    pub(crate) async fn read(&self, tenant: &str, run_id: &str, after: i64) -> Result<Vec<Event>, ReadError> {
         let (reply, answer) = oneshot::channel();
-        let ask = Ask { tenant: tenant.to_owned(), run_id: run_id.to_owned(), after, limit, reply };
+        let ask = Ask { tenant: tenant.to_owned(), run_id: run_id.to_owned(), after, reply };
         let stopped =
             || Arc::new(agent_stream_store::Error::Internal(anyhow::anyhow!("the read combiner stopped")));
         self.tx.send(ask).map_err(|_| stopped())?;
@@ -66,7 +60,7 @@ impl Reads {
     }
 }
 
-async fn combine(db: Db, mut rx: mpsc::UnboundedReceiver<Ask>, reads: Arc<AtomicU64>) {
+async fn combine(db: Db, limit: i64, mut rx: mpsc::UnboundedReceiver<Ask>, reads: Arc<AtomicU64>) {
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Some(first) = rx.recv().await {
         // The feeds one commit woke run one after another: let the others ask too.
@@ -78,12 +72,12 @@ async fn combine(db: Db, mut rx: mpsc::UnboundedReceiver<Ask>, reads: Arc<Atomic
                 Err(_) => break,
             }
         }
-        // Per tenant (a read is scoped to one) and per limit, in arrival order.
-        let mut groups: HashMap<(String, i64), Vec<Ask>> = HashMap::new();
+        // Per tenant (a read is scoped to one), in arrival order.
+        let mut groups: HashMap<String, Vec<Ask>> = HashMap::new();
         for a in asks {
-            groups.entry((a.tenant.clone(), a.limit)).or_default().push(a);
+            groups.entry(a.tenant.clone()).or_default().push(a);
         }
-        for ((tenant, limit), asks) in groups {
+        for (tenant, asks) in groups {
             let mut asks = asks.into_iter().peekable();
             while asks.peek().is_some() {
                 let chunk: Vec<Ask> = asks.by_ref().take(MAX_RUNS).collect();

@@ -6,7 +6,7 @@ use agent_stream::storage;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::common::{every_type, TestApp};
+use crate::common::{every_type, TestApp, TestDb};
 
 #[tokio::test]
 async fn every_event_type_round_trips_through_the_log() {
@@ -444,4 +444,75 @@ async fn appends_from_two_instances_to_one_run_stay_gapless() {
     let head: i64 =
         owner.query_one("SELECT last_seq FROM runs WHERE run_id = $1", &[&run]).await.expect("head").get(0);
     assert_eq!(head, 10);
+}
+
+/// The UPDATEs that move runs' heads find their runs by key in the plan PostgreSQL
+/// caches for them. A prepared statement gets a generic plan after its fifth run, and
+/// in one the array's length is unknown: joining it to `runs` by hash over a scan of the
+/// tenant's runs then looked cheapest, and every commit read every run of its tenant.
+#[tokio::test]
+async fn run_head_updates_find_their_runs_by_key_in_a_generic_plan() {
+    use agent_stream::storage::rows::RunRows;
+    let db = TestDb::new().await;
+    if db.citus().await {
+        // Citus sends the shard its statement with the values in it: a custom plan.
+        return;
+    }
+    let c = db.owner().await;
+    // Enough runs that reading them all is a choice a planner weighs, as in service.
+    c.batch_execute(
+        "INSERT INTO runs (tenant_id, run_id, root_run_id)
+             SELECT 'plan', 'run_' || i, 'run_' || i FROM generate_series(1, 1000) i;
+         ANALYZE runs;
+         SET plan_cache_mode = force_generic_plan",
+    )
+    .await
+    .expect("runs");
+    let common = "'plan', now(), ARRAY['run_1', 'run_2'], ARRAY[1, 1]::bigint[], ARRAY['a', 'b'], \
+                  ARRAY[NULL, NULL]::text[], ARRAY[NULL, NULL]::timestamptz[]";
+    for (name, sql, args) in [
+        ("heads", RunRows::SQL, common.to_owned()),
+        ("gated", RunRows::GATED_SQL, format!("{common}, ARRAY[0, 0]::bigint[]")),
+    ] {
+        c.batch_execute(&format!("PREPARE {name} AS {sql}")).await.expect("prepare");
+        let plan: Value = c
+            .query_one(&format!("EXPLAIN (FORMAT JSON) EXECUTE {name}({args})"), &[])
+            .await
+            .expect("explain")
+            .get(0);
+        let mut nodes = vec![];
+        plan_nodes(&plan, &mut nodes);
+        let on_runs: Vec<&Value> = nodes
+            .iter()
+            .copied()
+            .filter(|n| n["Node Type"].as_str().is_some_and(|t| t.ends_with("Scan")))
+            .filter(|n| {
+                n["Relation Name"] == "runs"
+                    || n["Index Name"].as_str().is_some_and(|i| i.starts_with("runs_"))
+            })
+            .collect();
+        assert!(!on_runs.is_empty(), "{name}: no scan of runs in {plan}");
+        for n in on_runs {
+            let cond = n["Index Cond"].as_str().unwrap_or_default();
+            assert!(
+                n["Node Type"] != "Seq Scan"
+                    && (cond.contains("run_id") || n["Node Type"] == "Bitmap Heap Scan"),
+                "{name}: runs must be found by key, got {n} in {plan}"
+            );
+        }
+    }
+}
+
+/// Every node of an `EXPLAIN (FORMAT JSON)` plan.
+fn plan_nodes<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
+    match v {
+        Value::Array(items) => items.iter().for_each(|i| plan_nodes(i, out)),
+        Value::Object(o) => {
+            if o.contains_key("Node Type") {
+                out.push(v);
+            }
+            o.values().for_each(|i| plan_nodes(i, out));
+        }
+        _ => {}
+    }
 }

@@ -7,7 +7,8 @@
 //! must equal the appends answered 201. A last row streams the same deltas through the
 //! streaming append (`POST /v1/runs/{id}/events/stream`, one long-lived request per
 //! producer, up to 64 events unacknowledged), whose events acknowledged per second are
-//! set against the same baseline.
+//! set against the same baseline. `INGEST_IDLE_RUNS=n` gives each pass's tenant `n`
+//! finished runs besides the producers' (what a tenant has after a while in service).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -96,6 +97,7 @@ impl Pass {
         let mut owner = db::connect_owner(url, schema).await.expect("owner");
         let issued =
             tenants::create_tenant(&mut owner, tenant, &[Scope::Read, Scope::Write]).await.expect("tenant");
+        idle_runs(&owner, &issued.tenant_id).await;
         let server = support::serve(
             bin,
             url,
@@ -146,6 +148,25 @@ impl Pass {
             cpu,
         }
     }
+}
+
+/// Gives the tenant `INGEST_IDLE_RUNS` finished runs (default none) besides the
+/// producers' own, as a tenant has after a while in service: what an append costs must
+/// not grow with them. Analyzed, as autovacuum would have.
+async fn idle_runs(owner: &tokio_postgres::Client, tenant: &str) {
+    let n: i64 = std::env::var("INGEST_IDLE_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    if n == 0 {
+        return;
+    }
+    owner
+        .execute(
+            "INSERT INTO runs (tenant_id, run_id, root_run_id, state, ended_at)
+             SELECT $1, 'idle_' || i, 'idle_' || i, 'done', now() FROM generate_series(1, $2::bigint) i",
+            &[&tenant, &n],
+        )
+        .await
+        .expect("idle runs");
+    owner.batch_execute("ANALYZE runs").await.expect("analyze");
 }
 
 /// One ~100-byte text delta, the `n`-th of its producer.

@@ -221,18 +221,27 @@ impl RunRows {
         self.prev.push(prev_seq);
     }
 
+    /// The UPDATE of [`RunRows::statement`].
+    ///
+    /// `r.run_id = ANY($3)` repeats the join's condition so that the runs are found by
+    /// key in every plan. Without it, the generic plan PostgreSQL caches after a
+    /// statement's fifth run (it cannot see how many runs the array holds) could join
+    /// by hash over a scan of every run of the tenant: with 1,000 runs, a commit of two
+    /// read all 1,000 (1.15 ms against 0.40 ms by key; docs/benchmarks-log.md,
+    /// 2026-11-28).
+    pub const SQL: &'static str =
+        "UPDATE runs r SET last_seq = u.last_seq, last_event_id = u.last_id, state = u.state,
+                updated_at = $2, ended_at = COALESCE(u.ended_at, r.ended_at),
+                state_changed_at = CASE WHEN u.state IS DISTINCT FROM r.state THEN $2 ELSE r.state_changed_at END
+         FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[], $7::timestamptz[])
+              AS u(run_id, last_seq, last_id, state, ended_at)
+         WHERE r.tenant_id = $1 AND r.run_id = ANY($3::text[]) AND r.run_id = u.run_id
+           AND r.last_seq <> u.last_seq";
+
     /// The UPDATE, prepared once per connection; a run whose head did not move is left
     /// alone.
     pub async fn statement<C: GenericClient>(c: &C) -> Result<Statement> {
-        Ok(c.prepare_cached(
-            "UPDATE runs r SET last_seq = u.last_seq, last_event_id = u.last_id, state = u.state,
-                    updated_at = $2, ended_at = COALESCE(u.ended_at, r.ended_at),
-                    state_changed_at = CASE WHEN u.state IS DISTINCT FROM r.state THEN $2 ELSE r.state_changed_at END
-             FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[], $7::timestamptz[])
-                  AS u(run_id, last_seq, last_id, state, ended_at)
-             WHERE r.tenant_id = $1 AND r.run_id = u.run_id AND r.last_seq <> u.last_seq",
-        )
-        .await?)
+        Ok(c.prepare_cached(Self::SQL).await?)
     }
 
     /// The statement's parameters.
@@ -248,19 +257,20 @@ impl RunRows {
     /// run that was deleted. Taking the row lock here also waits out a concurrent
     /// writer of the run, and the head is then re-checked on its new version.
     pub async fn gated_statement<C: GenericClient>(c: &C) -> Result<Statement> {
-        Ok(c.prepare_cached(
-            "WITH moved AS (
-                 UPDATE runs r SET last_seq = u.last_seq, last_event_id = u.last_id, state = u.state,
-                        updated_at = $2, ended_at = COALESCE(u.ended_at, r.ended_at),
-                    state_changed_at = CASE WHEN u.state IS DISTINCT FROM r.state THEN $2 ELSE r.state_changed_at END
-                 FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[], $7::timestamptz[], $8::bigint[])
-                      AS u(run_id, last_seq, last_id, state, ended_at, prev_seq)
-                 WHERE r.tenant_id = $1 AND r.run_id = u.run_id AND r.last_seq = u.prev_seq
-                 RETURNING 1)
-             SELECT 1 / (count(*) = cardinality($3::text[]))::int FROM moved",
-        )
-        .await?)
+        Ok(c.prepare_cached(Self::GATED_SQL).await?)
     }
+
+    /// The UPDATE of [`RunRows::gated_statement`]; `ANY($3)` as in [`RunRows::SQL`].
+    pub const GATED_SQL: &'static str = "WITH moved AS (
+             UPDATE runs r SET last_seq = u.last_seq, last_event_id = u.last_id, state = u.state,
+                    updated_at = $2, ended_at = COALESCE(u.ended_at, r.ended_at),
+                state_changed_at = CASE WHEN u.state IS DISTINCT FROM r.state THEN $2 ELSE r.state_changed_at END
+             FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[], $7::timestamptz[], $8::bigint[])
+                  AS u(run_id, last_seq, last_id, state, ended_at, prev_seq)
+             WHERE r.tenant_id = $1 AND r.run_id = ANY($3::text[]) AND r.run_id = u.run_id
+               AND r.last_seq = u.prev_seq
+             RETURNING 1)
+         SELECT 1 / (count(*) = cardinality($3::text[]))::int FROM moved";
 
     /// [`RunRows::gated_statement`]'s parameters.
     pub fn gated_params(&self) -> [&(dyn ToSql + Sync); 8] {

@@ -27,7 +27,7 @@ use super::events::{stream_after, ALL_EVENTS};
 use super::rows::{Rows, RunRows};
 use super::runs::{parse_run_id, run_not_found};
 use crate::error::{Error, ErrorCode, Rejection, Result};
-use agent_stream_core::domain::{Batch, NewEvent, Origin, RunGuard};
+use agent_stream_core::domain::{Batch, Event, NewEvent, Origin, RunGuard};
 
 /// The answer to an append.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -46,14 +46,44 @@ pub(crate) type Slot = Arc<tokio::sync::Mutex<Option<RunGuard>>>;
 /// Most runs whose guards stay cached; idle ones beyond it are dropped.
 pub(crate) const GUARD_CACHE_MAX: usize = 4096;
 
+/// Where the row writer hands the events it has just committed, so that this process's
+/// live feeds take them as they are instead of reading them back from the table they
+/// were written to (the live layer implements it; the store knows nothing of it).
+pub trait CommitSink: Send + Sync {
+    /// True when something here follows the run: only then are its events built (a
+    /// copy of each).
+    fn follows(&self, tenant: &str, run_id: &str) -> bool;
+    /// Consecutive events of one run, in seq order, exactly as they are stored, right
+    /// after their transaction committed. Called with the run's guard held, so one run's
+    /// commits arrive in seq order.
+    fn committed(&self, tenant: &str, run_id: &str, events: Vec<Event>);
+}
+
 /// Per-run guards. The async mutex also queues this process's appends to one run, so
 /// they do not pile up on the row lock and each one finds the guard its predecessor left.
 #[derive(Default)]
 pub struct Guards {
     slots: Mutex<HashMap<RunKey, Slot>>,
+    sink: std::sync::OnceLock<Arc<dyn CommitSink>>,
 }
 
 impl Guards {
+    /// From now on, every append through these guards (single or grouped) hands what it
+    /// committed to `sink`. Set once; a second sink is refused.
+    pub fn hand_commits_to(&self, sink: Arc<dyn CommitSink>) -> std::result::Result<(), Arc<dyn CommitSink>> {
+        self.sink.set(sink)
+    }
+
+    /// The sink, if one follows `run_id` of `tenant`.
+    pub(crate) fn sink_for(&self, tenant: &str, run_id: &str) -> Option<&dyn CommitSink> {
+        self.sink.get().map(|s| &**s).filter(|s| s.follows(tenant, run_id))
+    }
+
+    /// The sink, whatever it follows.
+    pub(crate) fn sink(&self) -> Option<&dyn CommitSink> {
+        self.sink.get().map(|s| &**s)
+    }
+
     pub(crate) fn slot(&self, tenant: &str, run_id: &str) -> Slot {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         if slots.len() >= GUARD_CACHE_MAX {
@@ -157,9 +187,15 @@ where
     let mids = crate::rows::check(&mut guard, last_seq + 1, &events, origin)?;
     let n = events.len();
     let ids = next_ids(last_id.and_then(|s| Ulid::from_string(s).ok()), now, n);
+    let sink = guards.sink_for(tenant, &run_id);
+    let mut written = Vec::with_capacity(if sink.is_some() { n } else { 0 });
     let mut rows = Rows::with_capacity(tenant, n);
     for (i, (e, mid)) in events.iter().zip(mids).enumerate() {
-        rows.push(&run_id, last_seq + 1 + i as i64, ids[i], now, e, mid);
+        let seq = last_seq + 1 + i as i64;
+        if sink.is_some() {
+            written.push(crate::rows::stored(&run_id, seq, ids[i], now, e, mid.clone()));
+        }
+        rows.push(&run_id, seq, ids[i], now, e, mid);
     }
     let new_last = last_seq + n as i64;
     let state = guard.state();
@@ -184,6 +220,9 @@ where
         }
     }
     *cached = Some(guard);
+    if let Some(sink) = sink {
+        sink.committed(tenant, &run_id, written);
+    }
     Ok(outcome)
 }
 

@@ -23,13 +23,13 @@ use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, oneshot};
 use ulid::Ulid;
 
-use super::append::{next_ids, rebuild_guard, replay_if_retry, AppendOutcome, Guards};
+use super::append::{next_ids, rebuild_guard, replay_if_retry, AppendOutcome, CommitSink, Guards};
 use super::db::Db;
 use super::rows::{Rows, RunRows};
 use super::runs::{parse_run_id, run_not_found};
 use crate::error::{Error, ErrorCode, Result};
 use crate::metrics::Metrics;
-use agent_stream_core::domain::{Batch, Origin, RunGuard, RunState};
+use agent_stream_core::domain::{Batch, Event, Origin, RunGuard, RunState};
 
 /// Most appends one transaction carries.
 pub const MAX_GROUP: usize = 256;
@@ -159,7 +159,7 @@ async fn commit_group(
     }
     let result = {
         use tracing::Instrument;
-        try_group(db, tenant, &runs, &mut slots, heads, jobs).instrument(span).await
+        try_group(db, guards.sink(), tenant, &runs, &mut slots, heads, jobs).instrument(span).await
     };
     drop(slots);
     match result {
@@ -187,8 +187,9 @@ async fn commit_group(
 
 type Answers = Vec<(oneshot::Sender<Result<AppendOutcome>>, Result<AppendOutcome>)>;
 
-/// Each append's answer, and the runs' state after the group.
-type Built = (Vec<Result<AppendOutcome>>, HashMap<String, Locked>);
+/// Each append's answer, the runs' state after the group, and the events written for
+/// runs the commit sink follows.
+type Built = (Vec<Result<AppendOutcome>>, HashMap<String, Locked>, Vec<Event>);
 
 /// Why a group's transaction did not end in an answered COMMIT.
 enum Failed {
@@ -225,6 +226,7 @@ impl From<tokio_postgres::Error> for Failed {
 /// go round (docs/benchmarks-log.md, `bench ingest-single`).
 async fn try_group(
     db: &Db,
+    sink: Option<&dyn CommitSink>,
     tenant: &str,
     runs: &[String],
     slots: &mut [tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
@@ -252,15 +254,15 @@ async fn try_group(
         })
         .collect();
     let fast = match cached {
-        Some(state) => run_fast(&client, tenant, state, &jobs).await,
+        Some(state) => run_fast(&client, sink, tenant, state, &jobs).await,
         None => Ok(None),
     };
     let outcome = match fast {
         Ok(Some(built)) => Ok(built),
-        Ok(None) => run_group(&client, tenant, runs, slots, &jobs).await,
+        Ok(None) => run_group(&client, sink, tenant, runs, slots, &jobs).await,
         Err(failed) => Err(failed),
     };
-    let (results, state) = match outcome {
+    let (results, state, written) = match outcome {
         Ok(built) => built,
         Err(failed) => {
             super::db::discard(client);
@@ -302,9 +304,29 @@ async fn try_group(
             heads.insert((tenant.to_owned(), r.clone()), (s.last_seq, s.last_id));
         }
     }
+    if let Some(sink) = sink {
+        hand_over(sink, tenant, written);
+    }
     let wrote = results.iter().any(|r| r.as_ref().is_ok_and(|o| !o.replayed));
     let answers = jobs.into_iter().zip(results).map(|(j, r)| (j.reply, r)).collect();
     Ok((answers, u64::from(wrote)))
+}
+
+/// Hands a committed group's events to `sink`, run by run (a group holds a run's
+/// appends in seq order, though other runs' appends may come between them).
+fn hand_over(sink: &dyn CommitSink, tenant: &str, written: Vec<Event>) {
+    let mut at: HashMap<String, usize> = HashMap::new();
+    let mut by_run: Vec<(String, Vec<Event>)> = vec![];
+    for e in written {
+        let i = *at.entry(e.run_id.clone()).or_insert_with(|| {
+            by_run.push((e.run_id.clone(), vec![]));
+            by_run.len() - 1
+        });
+        by_run[i].1.push(e);
+    }
+    for (run_id, evs) in by_run {
+        sink.committed(tenant, &run_id, evs);
+    }
 }
 
 /// The group in one round trip, when the lane knows where each of its runs' heads is
@@ -325,6 +347,7 @@ async fn try_group(
 /// read to take it from); ids stay strictly increasing per run ([`next_ids`]).
 async fn run_fast(
     c: &deadpool_postgres::Client,
+    sink: Option<&dyn CommitSink>,
     tenant: &str,
     mut state: HashMap<String, Locked>,
     jobs: &[Job],
@@ -333,7 +356,7 @@ async fn run_fast(
         return Ok(None);
     }
     let now = DateTime::<Utc>::from_timestamp_millis(Utc::now().timestamp_millis()).unwrap_or_else(Utc::now);
-    let (results, rows) = accept(c, tenant, &mut state, jobs, now).await;
+    let (results, rows, written) = accept(c, sink, tenant, &mut state, jobs, now).await;
     if rows.is_empty() || results.iter().any(|r| r.is_err()) {
         return Ok(None);
     }
@@ -352,7 +375,7 @@ async fn run_fast(
         // No answer to the COMMIT: the group may be stored; its last row tells.
         Err(error) if error.code().is_none() => {
             let probe = rows.last().unwrap_or_default();
-            return Err(Failed::InDoubt { error, probe, built: (results, state) });
+            return Err(Failed::InDoubt { error, probe, built: (results, state, written) });
         }
         Err(e) => return Err(e.into()),
         Ok(()) => {}
@@ -365,12 +388,13 @@ async fn run_fast(
         tracing::debug!(error = %e, "one-round-trip group rolled back; building it again under row locks");
         return Ok(None);
     }
-    Ok(Some((results, state)))
+    Ok(Some((results, state, written)))
 }
 
 /// One group's transaction on `c`, up to and including COMMIT.
 async fn run_group(
     c: &deadpool_postgres::Client,
+    sink: Option<&dyn CommitSink>,
     tenant: &str,
     runs: &[String],
     slots: &[tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
@@ -384,7 +408,7 @@ async fn run_group(
         .await?;
     let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&tenant, &runs];
     let locked = super::db::begin_with(c, tenant, c.query(&lock, &lock_params)).await?;
-    build(c, tenant, runs, slots, &locked, jobs).await
+    build(c, sink, tenant, runs, slots, &locked, jobs).await
 }
 
 /// With the group's runs locked (`rows`) in the transaction open on `c`, answers
@@ -392,6 +416,7 @@ async fn run_group(
 /// commits; returns each append's answer, in order.
 async fn build(
     c: &deadpool_postgres::Client,
+    sink: Option<&dyn CommitSink>,
     tenant: &str,
     runs: &[String],
     slots: &[tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
@@ -424,7 +449,7 @@ async fn build(
         state.insert(run_id, Locked { from_seq: last_seq, last_seq, last_id, guard, before });
     }
     let now = now.unwrap_or_else(Utc::now);
-    let (results, rows) = accept(c, tenant, &mut state, jobs, now).await;
+    let (results, rows, written) = accept(c, sink, tenant, &mut state, jobs, now).await;
     if !rows.is_empty() {
         let heads = run_heads(tenant, now, &state);
         let (insert, update) = (Rows::statement(c).await?, RunRows::statement(c).await?);
@@ -440,7 +465,7 @@ async fn build(
             // No answer to the COMMIT: the group may be stored; its last row tells.
             Err(error) if error.code().is_none() => {
                 let probe = rows.last().unwrap_or_default();
-                return Err(Failed::InDoubt { error, probe, built: (results, state) });
+                return Err(Failed::InDoubt { error, probe, built: (results, state, written) });
             }
             committed => {
                 inserted?;
@@ -452,7 +477,7 @@ async fn build(
         // Nothing to write (retries and refusals only): end the transaction.
         c.batch_execute("COMMIT").await?;
     }
-    Ok((results, state))
+    Ok((results, state, written))
 }
 
 /// The runs' heads after the group: where each now ends, and where it was before
@@ -470,14 +495,17 @@ fn run_heads(tenant: &str, now: DateTime<Utc>, state: &HashMap<String, Locked>) 
 /// Answers retries, validates each append on its own against its run's state (moved
 /// along as appends are accepted) and gathers the accepted ones' rows: each append's
 /// answer, in order, and the rows. Only retries (appends carrying idempotency keys)
-/// read from `c`.
+/// read from `c`. The accepted events of runs `sink` follows are built as they will be
+/// stored, to be handed over once committed.
 async fn accept(
     c: &deadpool_postgres::Client,
+    sink: Option<&dyn CommitSink>,
     tenant: &str,
     state: &mut HashMap<String, Locked>,
     jobs: &[Job],
     now: DateTime<Utc>,
-) -> (Vec<Result<AppendOutcome>>, Rows) {
+) -> (Vec<Result<AppendOutcome>>, Rows, Vec<Event>) {
+    let mut written = vec![];
     let mut rows = Rows::with_capacity(tenant, jobs.iter().map(|j| j.batch.events.len()).sum());
     let mut results = Vec::with_capacity(jobs.len());
     for job in jobs {
@@ -516,8 +544,13 @@ async fn accept(
         };
         let n = events.len() as i64;
         let ids = next_ids(run.last_id, now, events.len());
+        let follow = sink.is_some_and(|s| s.follows(tenant, &job.run_id));
         for (i, (e, mid)) in events.iter().zip(mids).enumerate() {
-            rows.push(&job.run_id, run.last_seq + 1 + i as i64, ids[i], now, e, mid);
+            let seq = run.last_seq + 1 + i as i64;
+            if follow {
+                written.push(crate::rows::stored(&job.run_id, seq, ids[i], now, e, mid.clone()));
+            }
+            rows.push(&job.run_id, seq, ids[i], now, e, mid);
         }
         results.push(Ok(AppendOutcome {
             first_seq: run.last_seq + 1,
@@ -528,5 +561,5 @@ async fn accept(
         run.last_id = ids.last().copied();
         run.guard = guard;
     }
-    (results, rows)
+    (results, rows, written)
 }

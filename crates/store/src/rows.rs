@@ -21,7 +21,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Statement;
 use ulid::Ulid;
 
-use agent_stream_core::domain::{NewEvent, Origin, Resolution, RunGuard, RunState};
+use agent_stream_core::domain::{Event, NewEvent, Origin, Resolution, RunGuard, RunState};
 use agent_stream_core::error::Rejection;
 
 use crate::error::Result;
@@ -47,6 +47,28 @@ pub fn check(
     }
     *guard = next;
     Ok(mids)
+}
+
+/// The event a row pushed with the same arguments reads back as (see
+/// [`crate::append::CommitSink`]): the one place besides [`Rows::push`] that says what a
+/// stored event holds, kept beside it.
+pub fn stored(
+    run_id: &str,
+    seq: i64,
+    id: Ulid,
+    ts: DateTime<Utc>,
+    e: &NewEvent,
+    message_id: Option<String>,
+) -> Event {
+    Event {
+        id,
+        ts,
+        run_id: run_id.to_owned(),
+        child_id: e.child_id.clone(),
+        seq,
+        body: e.body.clone(),
+        message_id,
+    }
 }
 
 /// Rows of `agent_run_events` for one tenant, column by column (what `unnest` takes).

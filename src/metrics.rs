@@ -102,6 +102,12 @@ fn service(r: &mut Registry, app: &App) {
     );
     counter(
         r,
+        "live_taken_events",
+        "Events live feeds took from this process's commits without reading them back",
+        app.live.feeds.taken(),
+    );
+    counter(
+        r,
         "notifications",
         "Notifications this process's listener received for runs and tenants it serves (its own included)",
         m.notifications.load(Relaxed),

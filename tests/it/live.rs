@@ -253,6 +253,100 @@ async fn killing_the_listener_mid_stream_loses_and_repeats_nothing() {
 
 /// Many subscribers of one run share one read per wake-up: the SELECTs per append do not
 /// grow with the number of subscribers; joining costs each subscriber one read.
+/// The SSE frames of a stream body, keep-alive comments left out.
+fn sse_frames(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .map(|f| f.lines().filter(|l| !l.starts_with(':')).collect::<Vec<_>>().join("\n"))
+        .filter(|f| !f.is_empty())
+        .collect()
+}
+
+/// A process's own commits reach its live streams from the append that wrote them, not
+/// from a read of the table: every format's live stream is frame for frame the replay
+/// of the finished log (numbers in the forms `jsonb` rewrites included), events another
+/// process appended in between still arrive (they are read), and the commits made here
+/// cost no read each.
+#[tokio::test]
+async fn own_commits_reach_live_streams_exactly_as_the_log_replays_them_without_a_read_each() {
+    use agent_stream::dialect::Format;
+    let t = TestApp::new().await;
+    let other = t.second_instance().await;
+    let run = t.create_run(&t.key_a).await;
+    let subscribed = t.app.metrics.subscribers.load(std::sync::atomic::Ordering::Relaxed);
+    let mut streams = vec![];
+    for f in Format::ALL {
+        let r = open(&t, &t.base, &run, None, &format!("?format={}", f.name())).await;
+        assert_eq!(r.status(), StatusCode::OK, "{}", f.name());
+        streams.push((f.name(), tokio::spawn(async move { r.text().await.expect("live body") })));
+    }
+    let all = Format::ALL.len() as i64;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while t.app.metrics.subscribers.load(std::sync::atomic::Ordering::Relaxed) < subscribed + all {
+        assert!(tokio::time::Instant::now() < deadline, "the streams did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut mix = agent_stream_core::testkit::generated_run_mix(3, 120, 40);
+    // Sent as written (the JSON feature `arbitrary_precision` keeps a number's text):
+    // `jsonb` returns `1e2` as `100` and `2.5E-3` as `0.0025`.
+    let odd: Value = serde_json::from_str(
+        r#"{"type": "custom.numbers", "payload": {"e": 1e2, "scaled": [1.50, 2.5E-3, 0.0e5, 1.50e1],
+            "big": 123456789012345678901234567890, "text": "é 😀 \n \u00e9", "nested": {"z": {"y": [-1.0e-2]}}}}"#,
+    )
+    .expect("json");
+    // Before the last event (which may end the run), so that the seqs of the generated
+    // run's implicit messages (`msg-<seq>`) stay as generated.
+    mix.insert(mix.len() - 1, odd);
+    t.append_ok(&t.key_a, &run, json!([mix[0]])).await;
+    let (reads0, taken0) = (t.app.live.feeds.reads(), t.app.live.feeds.taken());
+    let rest = &mix[1..];
+    let (mine, theirs) = rest.split_at(rest.len() / 2);
+    // Commits of 1 to 3 events here: each is handed to the run's feed.
+    let (mut own_commits, mut own_events, mut at) = (0u64, 0u64, 0);
+    for n in [1, 3, 1, 2].into_iter().cycle() {
+        if at == mine.len() {
+            break;
+        }
+        let n = n.min(mine.len() - at);
+        t.append_ok(&t.key_a, &run, Value::Array(mine[at..at + n].to_vec())).await;
+        (own_commits, own_events, at) = (own_commits + 1, own_events + n as u64, at + n);
+    }
+    // Let the feed take the last of them before counting.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let taken = t.app.live.feeds.taken() - taken0;
+    let reads = t.app.live.feeds.reads() - reads0;
+    eprintln!("{own_commits} commits here ({own_events} events): {taken} events taken, {reads} live reads");
+    assert!(taken >= own_events, "{taken} of the {own_events} events committed here were handed to the feed");
+    assert!(reads <= 2, "{reads} live reads for {own_commits} commits made here (before handover: one each)");
+    // Another process's appends are read; the commits here after them follow the read.
+    let (theirs, last) = theirs.split_at(theirs.len() - theirs.len().min(5));
+    for chunk in theirs.chunks(7) {
+        t.append_ok_at(&other, &t.key_a, &run, Value::Array(chunk.to_vec())).await;
+    }
+    for e in last {
+        t.append_ok(&t.key_a, &run, json!([e])).await;
+    }
+    let state = t.get_json(&t.key_a, &format!("/v1/runs/{run}")).await["state"].clone();
+    if !matches!(state.as_str(), Some("done" | "aborted" | "error")) {
+        t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "done"}}])).await;
+    }
+    for (name, live) in streams {
+        let live = tokio::time::timeout(Duration::from_secs(30), live)
+            .await
+            .expect("the stream ends")
+            .expect("task");
+        let (status, replay) =
+            t.get_text(&t.key_a, &format!("/v1/runs/{run}/stream?format={name}&detail=full")).await;
+        assert_eq!(status, StatusCode::OK);
+        let (live, replay) = (sse_frames(&live), sse_frames(&replay));
+        assert!(replay.len() > 20, "{name}: {} frames", replay.len());
+        for (i, (l, r)) in live.iter().zip(&replay).enumerate() {
+            assert_eq!(l, r, "{name}: live frame {i} differs from the replay's");
+        }
+        assert_eq!(live.len(), replay.len(), "{name}: frames live and replayed");
+    }
+    assert!(t.app.live.feeds.reads() > reads0 + reads, "another process's appends are read");
+}
+
 #[tokio::test]
 async fn subscribers_of_one_run_share_reads() {
     const SUBSCRIBERS: usize = 20;

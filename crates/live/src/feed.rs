@@ -16,19 +16,27 @@
 //! subscriber that reads on its own (joining, a gap, lagging) renders those events from
 //! the view at its cursor ([`fold_page`] on its private copy), then drops the copy as soon
 //! as the feed's pages carry its rendering again.
+//!
+//! **This process's own commits are not read back.** The row writer hands each commit
+//! of a followed run to its feed ([`CommitSink`]), as the events will read from the
+//! table; a feed takes those that continue its cursor and reads only for what they do
+//! not cover: another process's appends (learned from the listener or the safety
+//! poll), a handover that did not fit its queue, a forced re-read. Before, every commit
+//! cost its runs' feeds a SELECT of rows this process had in hand a moment earlier.
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 
 use super::reads::Reads;
 use super::{Hub, ViewCache};
 use agent_stream_core::dialect::{render, Format, Out, RunCtx, Step, Wire};
 use agent_stream_core::domain::Event;
 use agent_stream_core::projection::{updates, RunView, ViewUpdate};
+use agent_stream_store::append::CommitSink;
 use agent_stream_store::Db;
 
 /// A page of consecutive events, shared by all subscribers of a run.
@@ -277,6 +285,10 @@ const FEED_PAGE_BYTES: usize = 256 << 10;
 /// last this many pages whatever the subscribers do, so it bounds the feed's memory
 /// (to about this times [`FEED_PAGE_BYTES`] of payload).
 const FEED_BUFFER: usize = 32;
+/// Commits handed to a feed that it has not taken yet. A feed busy elsewhere (folding,
+/// a read) lets more queue up; past this, commits are dropped from the queue and the
+/// feed reads them instead.
+const HANDED_MAX: usize = 64;
 
 /// Splits one read into pages of at most [`FEED_PAGE_BYTES`] of payload (at least one
 /// event each), in order.
@@ -298,10 +310,12 @@ fn pages(evs: Vec<Event>) -> Vec<Vec<Event>> {
     out
 }
 
-/// One run's feed: its channel and what its subscribers want rendered.
+/// One run's feed: its channel, what its subscribers want rendered, and the queue of
+/// this process's commits of the run.
 struct Feed {
     tx: broadcast::Sender<Page>,
     wants: Arc<Wants>,
+    handed: mpsc::Sender<Vec<Event>>,
 }
 
 /// Per-run feeds, their combined reads, and the read and fold counters.
@@ -312,6 +326,23 @@ pub struct Feeds {
     combined: OnceLock<Reads>,
     reads: Arc<AtomicU64>,
     folds: AtomicU64,
+    /// Events feeds took from this process's commits instead of reading them.
+    taken: AtomicU64,
+}
+
+impl CommitSink for Feeds {
+    fn follows(&self, tenant: &str, run_id: &str) -> bool {
+        let feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
+        feeds.get(&(tenant.to_owned(), run_id.to_owned())).is_some_and(|f| f.tx.receiver_count() > 0)
+    }
+
+    fn committed(&self, tenant: &str, run_id: &str, events: Vec<Event>) {
+        let feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = feeds.get(&(tenant.to_owned(), run_id.to_owned())) {
+            // Full or closed: the feed reads these rows when the commit's wake-up comes.
+            let _ = f.handed.try_send(events);
+        }
+    }
 }
 
 impl Feeds {
@@ -334,6 +365,11 @@ impl Feeds {
 
     pub(crate) fn fold_counter(&self) -> &AtomicU64 {
         &self.folds
+    }
+
+    /// Events feeds took as this process committed them, without a read.
+    pub fn taken(&self) -> u64 {
+        self.taken.load(Ordering::Relaxed)
     }
 
     /// Joins the run's feed, starting it if this is its first subscriber. `from` is
@@ -372,8 +408,9 @@ impl Feeds {
         let (tx, rx) = broadcast::channel(FEED_BUFFER);
         let wants = Arc::new(Wants::default());
         let registration = register(&wants);
-        feeds.insert(key.clone(), Feed { tx: tx.clone(), wants: wants.clone() });
-        let wake = hub.subscribe(tenant, run_id);
+        let (handed, own) = mpsc::channel(HANDED_MAX);
+        feeds.insert(key.clone(), Feed { tx: tx.clone(), wants: wants.clone(), handed });
+        let wake = Wake { newest: hub.subscribe(tenant, run_id), rereads: hub.rereads(), own };
         let fold = Folding { views: views.clone(), wants, state: None };
         let reads =
             self.combined.get_or_init(|| Reads::start(db.clone(), FEED_PAGE, self.reads.clone())).clone();
@@ -438,52 +475,99 @@ struct Running {
     key: (String, String),
 }
 
+/// What wakes a feed: the run's newest committed seq (the hub's), forced re-reads, and
+/// this process's commits of the run.
+struct Wake {
+    newest: tokio::sync::watch::Receiver<i64>,
+    rereads: tokio::sync::watch::Receiver<u64>,
+    own: mpsc::Receiver<Vec<Event>>,
+}
+
+impl Wake {
+    /// The handed-over commits queued now, in seq order.
+    fn handed(&mut self) -> Vec<Vec<Event>> {
+        let mut out = vec![];
+        while let Ok(evs) = self.own.try_recv() {
+            out.push(evs);
+        }
+        // One run's commits are handed in order; a sort costs nothing then and keeps
+        // the feed right should that ever change.
+        out.sort_by_key(|evs| evs.first().map_or(0, |e| e.seq));
+        out
+    }
+}
+
 async fn run_feed(
     feed: Running,
     mut cursor: i64,
-    mut wake: tokio::sync::watch::Receiver<i64>,
+    mut wake: Wake,
     mut stopping: tokio::sync::watch::Receiver<bool>,
     tx: broadcast::Sender<Page>,
     mut fold: Folding,
 ) {
     let Running { feeds, reads, db, key } = feed;
     let (tenant, run_id) = &key;
+    // The first pass reads: what committed before the feed began was handed to nobody.
+    let mut must_read = true;
     loop {
         if tx.receiver_count() == 0 {
             break;
         }
-        // Read everything committed after the cursor, in pages.
-        loop {
-            // Counted by the combiner, once per statement however many runs it carries.
-            let page = reads.read(tenant, run_id, cursor).await;
-            match page {
-                Ok(evs) if evs.is_empty() => break,
-                Ok(evs) => {
-                    let before = cursor;
-                    cursor = evs.last().map_or(cursor, |e| e.seq);
-                    let full = evs.len() as i64 == FEED_PAGE;
-                    for page in fold.pages(&feeds, &db, &key, before, evs).await {
-                        let _ = tx.send(page);
+        // This process's commits that continue the cursor go out as they are.
+        for evs in wake.handed() {
+            let evs: Vec<Event> = evs.into_iter().skip_while(|e| e.seq <= cursor).collect();
+            let Some(last) = evs.last().map(|e| e.seq) else { continue };
+            if evs[0].seq != cursor + 1 {
+                // A gap (another process wrote in between): the read below covers it.
+                break;
+            }
+            feeds.taken.fetch_add(evs.len() as u64, Ordering::Relaxed);
+            let before = cursor;
+            cursor = last;
+            for page in fold.pages(&feeds, &db, &key, before, evs).await {
+                let _ = tx.send(page);
+            }
+        }
+        // Read what committed and was not handed over: the hub's newest seq is past the
+        // cursor, or a re-read was asked for.
+        let mut failed = false;
+        if must_read || *wake.newest.borrow_and_update() > cursor {
+            loop {
+                // Counted by the combiner, once per statement however many runs it carries.
+                let page = reads.read(tenant, run_id, cursor).await;
+                match page {
+                    Ok(evs) if evs.is_empty() => break,
+                    Ok(evs) => {
+                        let before = cursor;
+                        cursor = evs.last().map_or(cursor, |e| e.seq);
+                        let full = evs.len() as i64 == FEED_PAGE;
+                        for page in fold.pages(&feeds, &db, &key, before, evs).await {
+                            let _ = tx.send(page);
+                        }
+                        if !full {
+                            break;
+                        }
                     }
-                    if !full {
+                    Err(e) => {
+                        tracing::warn!(error = %e, run = %run_id, "feed read failed; retrying on the next wake-up");
+                        failed = true;
                         break;
                     }
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, run = %run_id, "feed read failed; retrying on the next wake-up");
-                    break;
-                }
             }
         }
+        must_read = failed;
         if *stopping.borrow_and_update() {
             break;
         }
         tokio::select! {
-            r = tokio::time::timeout(super::SAFETY_POLL * 2, wake.changed()) => {
-                if r.is_ok_and(|r| r.is_err()) {
-                    break;
-                }
-            }
+            r = tokio::time::timeout(super::SAFETY_POLL * 2, wake.newest.changed()) => match r {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => break,
+                // Quiet for a while: read once, in case a wake-up was lost.
+                Err(_) => must_read = true,
+            },
+            _ = wake.rereads.changed() => must_read = true,
             _ = stopping.changed() => {}
         }
     }

@@ -19,6 +19,9 @@ pub struct Hub {
     /// Bumped whenever a run or tenant gains its first watcher, so the listener knows
     /// when the tokens it maps back to runs may be out of date.
     generation: std::sync::atomic::AtomicU64,
+    /// Bumped by [`Hub::wake_all`]: feeds, which read only when a run's newest seq is
+    /// past their cursor, read regardless on this.
+    rereads: watch::Sender<u64>,
 }
 
 impl Hub {
@@ -44,6 +47,11 @@ impl Hub {
                 watch::channel(0).0
             })
             .subscribe()
+    }
+
+    /// A receiver that changes on every forced re-read ([`Hub::wake_all`]).
+    pub fn rereads(&self) -> watch::Receiver<u64> {
+        self.rereads.subscribe()
     }
 
     /// Changes whenever a run or a tenant gains its first watcher.
@@ -98,6 +106,7 @@ impl Hub {
     /// Wakes every subscriber to re-read its cursor: after the listener reconnects,
     /// notifications sent while it was away are lost, the rows are not.
     pub fn wake_all(&self) {
+        self.rereads.send_modify(|n| *n += 1);
         let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
         runs.retain(|_, tx| tx.receiver_count() > 0);
         for tx in runs.values() {

@@ -1,7 +1,8 @@
 //! In-memory fan-out: one watch channel per run that has subscribers, holding the
-//! newest seq known to be committed. A wake-up carries no data: subscribers read rows
-//! with `seq > cursor` through the same read path as catch-up, so switching from
-//! history to live can neither skip nor repeat an event.
+//! newest seq known to be committed. A wake-up carries no data: a run's feed takes
+//! what this process committed from the row writer and reads the rest (`seq > cursor`)
+//! through the same read path as catch-up, and subscribers keep only what follows their
+//! cursor, so switching from history to live can neither skip nor repeat an event.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

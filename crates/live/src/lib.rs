@@ -1,7 +1,8 @@
 //! Live delivery across processes.
 //!
-//! - An append that commits wakes this process's subscribers at once ([`Hub::publish`]),
-//!   and queues a pointer (tenant, run) for other processes.
+//! - An append that commits hands its events to the run's feed here (the store's
+//!   `CommitSink`, see [`Feeds`]), wakes this process's subscribers at once
+//!   ([`Hub::publish`]), and queues a pointer (tenant, run) for other processes.
 //! - One notifier task per process sends the queued pointers with `pg_notify`,
 //!   coalesced (a batch every few milliseconds, one line per run). NOTIFY takes a
 //!   cluster-wide lock at commit; doing it outside the producers' transactions keeps
@@ -15,7 +16,9 @@
 //!   `last_seq`, catching any wake-up lost on the way. It wakes the run's feed, so one
 //!   read serves every subscriber; idle subscribers never poll on their own.
 //!
-//! Notifications are never the data, only the reason to read rows with `seq > cursor`.
+//! Notifications are never the data, only the reason to read rows with `seq > cursor`;
+//! the only data that does not come from a read is what this process committed itself,
+//! handed over as the rows it wrote.
 //!
 //! **Other logins.** PostgreSQL has no privileges on LISTEN and NOTIFY: any login of
 //! the database (an analyst's, say) may listen on a channel it can name, and notify on

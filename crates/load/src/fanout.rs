@@ -26,6 +26,9 @@ use super::support::{self, SseReader};
 
 /// The server's count of live-delivery SELECTs.
 const READS: &str = "agent_stream_live_reads_total";
+/// The server's own delivery latency: an event's `ts` to its hand-over to a subscriber's
+/// transport (before the socket write), in doubling buckets.
+const DELIVERY: &str = "agent_stream_delivery_latency_seconds";
 
 /// How subscribers connect.
 #[derive(Clone, Copy, PartialEq)]
@@ -197,6 +200,12 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
     let join_reads = (reads0 - joined0) / n as f64;
     let rss = support::status_kib(pid, "VmRSS:");
     let per_sub = rss.saturating_sub(rss0) as f64 / n as f64;
+    let label = match how {
+        Transport::Sse => "transport=\"sse\"",
+        Transport::Ws => "transport=\"graphql_ws\"",
+    };
+    let delivery0 =
+        support::buckets(&watch.get("/metrics", None).await.expect("metrics").text(), DELIVERY, label);
     let (cpu0, wall0) = (support::cpu_secs(pid), Instant::now());
     let mut sent: std::collections::HashMap<i64, u64> = Default::default();
     let mut appends = 0u64;
@@ -233,6 +242,10 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
     }
     let (cpu, wall) = (support::cpu_secs(pid) - cpu0, wall0.elapsed().as_secs_f64());
     let reads1 = support::scrape(&mut watch, READS).await;
+    let delivery1 =
+        support::buckets(&watch.get("/metrics", None).await.expect("metrics").text(), DELIVERY, label);
+    let inside = |p| support::bucket_quantile(&delivery0, &delivery1, p) * 1000.0;
+    let (inside50, inside99) = (inside(0.5), inside(0.99));
     let _ = stop.send(true);
     eprintln!("{} {n}: drained after {:.1} s", how.name(), wall0.elapsed().as_secs_f64());
     let mut lat = vec![];
@@ -257,7 +270,7 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
         ""
     };
     println!(
-        "| {} | {n} | {:.0} | {per_sub:.1} KiB | {p50:.2} / {p99:.2}{target} / {max:.2} | {received} / {} | {:.0}% | {:.1} µs | {:.2} | {join_reads:.2} |",
+        "| {} | {n} | {:.0} | {per_sub:.1} KiB | {p50:.2} / {p99:.2}{target} / {max:.2} | ≤ {inside50:.1} / ≤ {inside99:.1} | {received} / {} | {:.0}% | {:.1} µs | {:.2} | {join_reads:.2} |",
         how.name(),
         sent.len() as f64 / produced,
         sent.len() * n,
@@ -294,8 +307,8 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
     println!(
         "producer: 1,000 events/s (10 `custom.tick` per append every 10 ms); 3 s, 1 s at 10,000 subscribers"
     );
-    println!("| transport | subscribers | events/s the producer achieved (offered 1,000) | server RSS per subscriber (target ≤ 64 KiB for SSE) | append sent → receipt p50 / p99 / max (ms) | received / expected | server CPU | server CPU per delivered event | live SELECTs per append | SELECTs per subscriber to join |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| transport | subscribers | events/s the producer achieved (offered 1,000) | server RSS per subscriber (target ≤ 64 KiB for SSE) | append sent → receipt p50 / p99 / max (ms) | inside the server, event ts → handed to the socket, p50 / p99 (ms, bucket bound) | received / expected | server CPU | server CPU per delivered event | live SELECTs per append | SELECTs per subscriber to join |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for how in [Transport::Sse, Transport::Ws] {
         // A fresh server per transport, so one's freed memory does not hide the other's.
         let mut server =

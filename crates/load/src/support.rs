@@ -124,6 +124,38 @@ pub fn metric(text: &str, name: &str) -> f64 {
     text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
 }
 
+/// The cumulative buckets of one series of a Prometheus histogram (`name` without
+/// `_bucket`, `label` such as `transport="sse"`): (upper bound, count), in order.
+pub fn buckets(text: &str, name: &str, label: &str) -> Vec<(f64, f64)> {
+    let prefix = format!("{name}_bucket{{");
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(&prefix)?;
+            let (labels, value) = rest.split_once("} ")?;
+            if !labels.contains(label) {
+                return None;
+            }
+            let le = labels.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((le, value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The upper bound of the bucket holding quantile `p` of what a histogram counted
+/// between two samples of its buckets (see [`buckets`]); NaN when it counted nothing.
+pub fn bucket_quantile(before: &[(f64, f64)], after: &[(f64, f64)], p: f64) -> f64 {
+    let counts: Vec<(f64, f64)> = after
+        .iter()
+        .map(|(le, n)| (*le, n - before.iter().find(|(l, _)| l == le).map_or(0.0, |b| b.1)))
+        .collect();
+    let total = counts.last().map_or(0.0, |c| c.1);
+    if total <= 0.0 {
+        return f64::NAN;
+    }
+    counts.iter().find(|(_, n)| *n >= p * total).map_or(f64::INFINITY, |c| c.0)
+}
+
 /// One sample of the server's `/metrics`, read over `http` (see [`metric`]).
 pub async fn scrape(http: &mut Conn, name: &str) -> f64 {
     metric(&http.get("/metrics", None).await.expect("metrics").text(), name)
@@ -302,4 +334,30 @@ pub fn fold_log(n: usize, delta_pct: u32) -> Vec<agent_stream::domain::Event> {
 /// The fold's floor: a loop that only touches every event (a match on its type).
 pub fn touch(events: &[agent_stream::domain::Event]) -> usize {
     events.iter().filter(|e| matches!(e.body, agent_stream::domain::EventBody::TextDelta(_))).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histograms_quantile_between_two_samples_is_its_buckets_bound() {
+        let sample = |n: [f64; 4]| {
+            let names = ["0.001", "0.002", "0.004", "+Inf"];
+            let mut text = String::from("# HELP x\nother_bucket{le=\"0.001\"} 99\n");
+            for (le, n) in names.iter().zip(n) {
+                text.push_str(&format!("lat_bucket{{transport=\"sse\",le=\"{le}\"}} {n}\n"));
+                text.push_str(&format!("lat_bucket{{transport=\"ws\",le=\"{le}\"}} 7\n"));
+            }
+            buckets(&text, "lat", "transport=\"sse\"")
+        };
+        let before = sample([10.0, 10.0, 10.0, 10.0]);
+        assert_eq!(before.len(), 4);
+        // Between the samples: 90 under 1 ms, 9 more under 2 ms, 1 under 4 ms.
+        let after = sample([100.0, 109.0, 110.0, 110.0]);
+        assert_eq!(bucket_quantile(&before, &after, 0.5), 0.001);
+        assert_eq!(bucket_quantile(&before, &after, 0.95), 0.002);
+        assert_eq!(bucket_quantile(&before, &after, 1.0), 0.004);
+        assert!(bucket_quantile(&before, &before, 0.5).is_nan(), "nothing counted");
+    }
 }

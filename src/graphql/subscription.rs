@@ -183,8 +183,8 @@ impl Subscription {
         let live = batches(tail)
             .map(move |batch| {
                 let mut out = vec![];
+                delivery.delivered_all(batch.events());
                 for e in batch.events() {
-                    delivery.delivered(e);
                     traced.traces.delivered(&e.run_id, e.seq, "graphql_ws");
                 }
                 // A tail that wants updates hands out batches that carry them.

@@ -150,8 +150,8 @@ impl Source for Live {
     }
     async fn next_batch(&mut self) -> Option<Batch> {
         let batch = self.tail.next_batch().await?;
+        self.delivery.delivered_all(batch.events());
         for e in batch.events() {
-            self.delivery.delivered(e);
             self.app.traces.delivered(&e.run_id, e.seq, self.transport.transport);
         }
         Some(batch)

@@ -261,6 +261,9 @@ impl Tail {
             // No branch for the stop signal: on shutdown the feed closes its channel
             // (see `Feeds::join`), which ends this wait.
             let waited = tokio::select! {
+                // Pages first, and no random pick per wait (the key is checked at the
+                // top of the loop by time, whichever branch woke us).
+                biased;
                 r = self.pages.recv() => Some(r),
                 _ = self.tick.as_mut() => None,
             };

@@ -174,12 +174,20 @@ impl Delivery {
     /// Records `e` handed to the transport. Events from before the subscription (its
     /// catch-up) are history, not latency, and are not recorded.
     pub fn delivered(&self, e: &Event) {
+        self.delivered_all(std::slice::from_ref(e));
+    }
+
+    /// Records `events`, handed to the transport together, against one reading of the
+    /// clock (a subscriber of a busy run takes pages of many events, and the clock was
+    /// a few percent of the server's CPU when read per event at 1,000 subscribers).
+    pub fn delivered_all(&self, events: &[Event]) {
+        let now = chrono::Utc::now();
         // Event times are in milliseconds: compare at that precision.
-        if e.ts.timestamp_millis() < self.since.timestamp_millis() {
-            return;
+        let since = self.since.timestamp_millis();
+        for e in events.iter().filter(|e| e.ts.timestamp_millis() >= since) {
+            let took = (now - e.ts).to_std().unwrap_or_default();
+            self.latency.observe(took.as_secs_f64());
         }
-        let took = (chrono::Utc::now() - e.ts).to_std().unwrap_or_default();
-        self.latency.observe(took.as_secs_f64());
     }
 }
 

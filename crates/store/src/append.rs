@@ -191,11 +191,8 @@ where
     let mut written = Vec::with_capacity(if sink.is_some() { n } else { 0 });
     let mut rows = Rows::with_capacity(tenant, n);
     for (i, (e, mid)) in events.iter().zip(mids).enumerate() {
-        let seq = last_seq + 1 + i as i64;
-        if sink.is_some() {
-            written.push(crate::rows::stored(&run_id, seq, ids[i], now, e, mid.clone()));
-        }
-        rows.push(&run_id, seq, ids[i], now, e, mid);
+        let stored = sink.is_some().then_some(&mut written);
+        rows.push(&run_id, last_seq + 1 + i as i64, ids[i], now, e, mid, stored);
     }
     let new_last = last_seq + n as i64;
     let state = guard.state();

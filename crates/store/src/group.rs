@@ -546,11 +546,8 @@ async fn accept(
         let ids = next_ids(run.last_id, now, events.len());
         let follow = sink.is_some_and(|s| s.follows(tenant, &job.run_id));
         for (i, (e, mid)) in events.iter().zip(mids).enumerate() {
-            let seq = run.last_seq + 1 + i as i64;
-            if follow {
-                written.push(crate::rows::stored(&job.run_id, seq, ids[i], now, e, mid.clone()));
-            }
-            rows.push(&job.run_id, seq, ids[i], now, e, mid);
+            let stored = follow.then_some(&mut written);
+            rows.push(&job.run_id, run.last_seq + 1 + i as i64, ids[i], now, e, mid, stored);
         }
         results.push(Ok(AppendOutcome {
             first_seq: run.last_seq + 1,

@@ -65,7 +65,7 @@ where
             let id = next_id(last_id, Utc::now());
             last_id = Some(id);
             let mid = mids.into_iter().next().flatten();
-            rows.push(&run.run_id, seq, id, imp.ts, &imp.event, mid);
+            rows.push(&run.run_id, seq, id, imp.ts, &imp.event, mid, None);
         }
         if rows.len() == CHUNK || (ended && !rows.is_empty()) {
             tx.execute(&insert, &rows.params()).await?;

@@ -49,28 +49,6 @@ pub fn check(
     Ok(mids)
 }
 
-/// The event a row pushed with the same arguments reads back as (see
-/// [`crate::append::CommitSink`]): the one place besides [`Rows::push`] that says what a
-/// stored event holds, kept beside it.
-pub fn stored(
-    run_id: &str,
-    seq: i64,
-    id: Ulid,
-    ts: DateTime<Utc>,
-    e: &NewEvent,
-    message_id: Option<String>,
-) -> Event {
-    Event {
-        id,
-        ts,
-        run_id: run_id.to_owned(),
-        child_id: e.child_id.clone(),
-        seq,
-        body: e.body.clone(),
-        message_id,
-    }
-}
-
 /// Rows of `agent_run_events` for one tenant, column by column (what `unnest` takes).
 pub struct Rows {
     tenant: String,
@@ -112,7 +90,10 @@ impl Rows {
         self.seq.is_empty()
     }
 
-    /// One event of `run_id` at `seq`, with its id, time and resolved message.
+    /// One event of `run_id` at `seq`, with its id, time and resolved message. With
+    /// `stored`, also the event exactly as the row will read back (for
+    /// [`crate::append::CommitSink`]): built here, so what a row holds is said once.
+    #[allow(clippy::too_many_arguments)]
     pub fn push(
         &mut self,
         run_id: &str,
@@ -121,7 +102,19 @@ impl Rows {
         ts: DateTime<Utc>,
         e: &NewEvent,
         message_id: Option<String>,
+        stored: Option<&mut Vec<Event>>,
     ) {
+        if let Some(out) = stored {
+            out.push(Event {
+                id,
+                ts,
+                run_id: run_id.to_owned(),
+                child_id: e.child_id.clone(),
+                seq,
+                body: e.body.clone(),
+                message_id: message_id.clone(),
+            });
+        }
         self.run.push(run_id.to_owned());
         self.seq.push(seq);
         self.id.push(id.to_string());

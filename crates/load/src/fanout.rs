@@ -241,9 +241,9 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (cpu, wall) = (support::cpu_secs(pid) - cpu0, wall0.elapsed().as_secs_f64());
-    let reads1 = support::scrape(&mut watch, READS).await;
-    let delivery1 =
-        support::buckets(&watch.get("/metrics", None).await.expect("metrics").text(), DELIVERY, label);
+    // One sample for both: the reads and the latency buckets at the same moment.
+    let sample = watch.get("/metrics", None).await.expect("metrics").text();
+    let (reads1, delivery1) = (support::metric(&sample, READS), support::buckets(&sample, DELIVERY, label));
     let inside = |p| support::bucket_quantile(&delivery0, &delivery1, p) * 1000.0;
     let (inside50, inside99) = (inside(0.5), inside(0.99));
     let _ = stop.send(true);

@@ -251,8 +251,6 @@ async fn killing_the_listener_mid_stream_loses_and_repeats_nothing() {
     assert_exactly_once(sent, &received);
 }
 
-/// Many subscribers of one run share one read per wake-up: the SELECTs per append do not
-/// grow with the number of subscribers; joining costs each subscriber one read.
 /// The SSE frames of a stream body, keep-alive comments left out.
 fn sse_frames(body: &str) -> Vec<String> {
     body.split("\n\n")
@@ -347,6 +345,8 @@ async fn own_commits_reach_live_streams_exactly_as_the_log_replays_them_without_
     assert!(t.app.live.feeds.reads() > reads0 + reads, "another process's appends are read");
 }
 
+/// Many subscribers of one run share one read per wake-up: the SELECTs per append do not
+/// grow with the number of subscribers; joining costs each subscriber one read.
 #[tokio::test]
 async fn subscribers_of_one_run_share_reads() {
     const SUBSCRIBERS: usize = 20;

@@ -265,15 +265,11 @@ enum KeyCmd {
 }
 
 fn init_tracing() {
-    use tracing_subscriber::filter::{filter_fn, EnvFilter};
+    use tracing_subscriber::filter::EnvFilter;
     use tracing_subscriber::prelude::*;
     let filter = EnvFilter::try_from_env("AGENT_STREAM_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info,tokio_postgres=warn,deadpool.postgres=error"));
-    // Whatever the filter says: the PostgreSQL driver logs each statement's parameters
-    // at debug, and those are event payloads and API key hashes.
-    let no_parameters =
-        filter_fn(|m| !(m.target().starts_with("tokio_postgres") && *m.level() > tracing::Level::INFO));
     let json = std::env::var("AGENT_STREAM_LOG_FORMAT").is_ok_and(|v| v == "json");
     let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     // Spans for OpenTelemetry, when OTEL_* asks: the service's own, at info.
@@ -292,16 +288,26 @@ fn init_tracing() {
         }
     };
     if json {
-        tracing_subscriber::registry()
-            .with(otel)
-            .with(layer.json().with_filter(filter).with_filter(no_parameters))
-            .init();
+        tracing_subscriber::registry().with(otel).with(layer.json().with_filter(log_filter(filter))).init();
     } else {
-        tracing_subscriber::registry()
-            .with(otel)
-            .with(layer.with_filter(filter).with_filter(no_parameters))
-            .init();
+        tracing_subscriber::registry().with(otel).with(layer.with_filter(log_filter(filter))).init();
     }
+}
+
+/// What the log layer takes: `filter`, and never the PostgreSQL driver's debug output,
+/// which carries each statement's parameters (event payloads and API key hashes).
+///
+/// One filter made of the two, not one layer filtered twice: with nested per-layer
+/// filters the registry built every span the inner filter refused (at `RUST_LOG=error`,
+/// each request's span was still created, and entered on every body frame).
+fn log_filter<S>(filter: tracing_subscriber::filter::EnvFilter) -> impl tracing_subscriber::layer::Filter<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use tracing_subscriber::filter::{filter_fn, FilterExt};
+    let no_parameters =
+        filter_fn(|m| !(m.target().starts_with("tokio_postgres") && *m.level() > tracing::Level::INFO));
+    filter.and(no_parameters)
 }
 
 /// One `--cors-origin`: `*` (any origin) or `scheme://host[:port]`, as browsers send it
@@ -770,6 +776,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::{parse_origin, rate, retention_line, Unit};
+
+    #[test]
+    fn the_log_filter_builds_no_span_it_refuses_and_never_the_drivers_parameters() {
+        use tracing_subscriber::filter::EnvFilter;
+        use tracing_subscriber::prelude::*;
+        let log = |directives: &str| {
+            let layer = tracing_subscriber::fmt::layer().with_writer(std::io::sink);
+            tracing_subscriber::registry()
+                .with(layer.with_filter(super::log_filter(EnvFilter::new(directives))))
+        };
+        tracing::subscriber::with_default(log("error"), || {
+            // A refused span is not built at all (it used to be, and entered per frame).
+            assert!(tracing::info_span!("request").is_disabled());
+            assert!(tracing::enabled!(tracing::Level::ERROR));
+        });
+        tracing::subscriber::with_default(log("debug"), || {
+            assert!(!tracing::info_span!("request").is_disabled());
+            assert!(!tracing::enabled!(target: "tokio_postgres::query", tracing::Level::DEBUG));
+            assert!(tracing::enabled!(target: "tokio_postgres::connection", tracing::Level::INFO));
+        });
+    }
 
     #[test]
     fn rates_have_units_and_no_noise_digits() {

@@ -9,8 +9,11 @@
 //! append sent → receipt latency (receipt timed at the socket read, the seq read off
 //! the frame without parsing it), events received against expected, the server's CPU,
 //! and live-delivery SELECTs per append (from `/metrics`; the producer starts once the
-//! subscribers' joining reads, reported per subscriber, have stopped). The baseline, in the same
-//! run: bare NOTIFY → LISTEN latency between two connections.
+//! subscribers' joining reads, reported per subscriber, have stopped). The baselines, in the same
+//! run: bare NOTIFY → LISTEN latency between two connections; and, for SSE up to 1,000
+//! subscribers, the same producer and readers against the [`floor`](super::floor), a
+//! server that only writes each append's frames to every socket: the latency no server
+//! can beat on this machine, with these readers sharing its cores.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -163,8 +166,9 @@ impl Sub {
 }
 
 /// One cell of the table: `n` subscribers over `how`, a producer at 1,000 events/s
-/// for `secs`, then up to [`DRAIN`] for the backlog.
-async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, secs: u64) {
+/// for `secs`, then up to [`DRAIN`] for the backlog. `floor`: `server` is the
+/// [`floor`](super::floor), which reads nothing and has no metrics to read.
+async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, secs: u64, floor: bool) {
     let (pid, base) = (server.pid, server.base.clone());
     let mut http = Conn::open(&base).await.expect("connect");
     let mut watch = Conn::open(&base).await.expect("connect");
@@ -186,7 +190,8 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
     // joining took two reads: their connections were too busy to ask for the second
     // within a second.
     let mut reads0 = support::scrape(&mut watch, READS).await;
-    let joining = joined0 + n as f64;
+    // The floor joins without reads: nothing to wait for but a quiet second.
+    let joining = if floor { 0.0 } else { joined0 + n as f64 };
     let (mut still, settle_until) = (0, Instant::now() + Duration::from_secs(60));
     while (still < 4 || reads0 < joining) && Instant::now() < settle_until {
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -269,15 +274,19 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
     } else {
         ""
     };
+    let name = if floor { "SSE floor (no service, see `floor`)" } else { how.name() };
     println!(
-        "| {} | {n} | {:.0} | {per_sub:.1} KiB | {p50:.2} / {p99:.2}{target} / {max:.2} | ≤ {inside50:.1} / ≤ {inside99:.1} | {received} / {} | {:.0}% | {:.1} µs | {:.2} | {join_reads:.2} |",
-        how.name(),
+        "| {name} | {n} | {:.0} | {per_sub:.1} KiB | {p50:.2} / {p99:.2}{target} / {max:.2} | ≤ {inside50:.1} / ≤ {inside99:.1} | {received} / {} | {:.0}% | {:.1} µs | {:.2} | {join_reads:.2} |",
         sent.len() as f64 / produced,
         sent.len() * n,
         100.0 * cpu / wall,
         cpu * 1e6 / received.max(1) as f64,
         reads / appends as f64,
     );
+    if floor {
+        // Its reads and buckets are zeros, not measurements.
+        eprintln!("(the floor's inside-the-server and SELECT columns measure nothing)");
+    }
 }
 
 /// Longest wait for the backlog after the producer stops.
@@ -314,8 +323,15 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
         let mut server =
             support::serve(bin, url, schema, &["--append-rate", "0", "--retention-interval", "0"]).await;
         for &n in &sizes {
-            cell(how, &server, &key, n, if n >= 10_000 { 1 } else { 3 }).await;
+            cell(how, &server, &key, n, if n >= 10_000 { 1 } else { 3 }, false).await;
         }
         let _ = server.child.kill().await;
+        if how == Transport::Sse {
+            let mut floor = support::floor().await;
+            for &n in sizes.iter().filter(|&&n| n <= 1_000) {
+                cell(how, &floor, &key, n, 3, true).await;
+            }
+            let _ = floor.child.kill().await;
+        }
     }
 }

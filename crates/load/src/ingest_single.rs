@@ -9,6 +9,8 @@
 //! producer, up to 64 events unacknowledged), whose events acknowledged per second are
 //! set against the same baseline. `INGEST_IDLE_RUNS=n` gives each pass's tenant `n`
 //! finished runs besides the producers' (what a tenant has after a while in service).
+//! A ceiling row: the same 64 connections asking `GET /healthz` of the same server,
+//! the most requests per second any HTTP append could be answered at here.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -210,6 +212,44 @@ async fn service_appends(bin: &Path, url: &str, schema: &str, lanes: usize) -> S
     pass.finish(secs, 0).await
 }
 
+/// The ceiling of any single-event append over HTTP here: the same 64 connections
+/// asking `GET /healthz` (no body, no authentication, no database) of the same server
+/// as fast as answers come. An append cannot be answered faster than a request that
+/// does nothing, so it sets what the 2× target can be held against on this machine.
+async fn service_ceiling(bin: &Path, url: &str, schema: &str, lanes: usize) -> Service {
+    let pass = Pass::start(bin, url, schema, "ceiling", lanes).await;
+    let deadline = pass.t0 + Duration::from_secs(SECS);
+    let mut tasks = vec![];
+    for _ in 0..PRODUCERS {
+        let base = pass.server.base.clone();
+        let (ok, failed) = (pass.ok.clone(), pass.failed.clone());
+        tasks.push(tokio::spawn(async move {
+            let Ok(mut http) = Conn::open(&base).await else {
+                failed.fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            while Instant::now() < deadline {
+                let r = http.get("/healthz", None).await;
+                let counter = if r.is_ok_and(|r| r.status == 200) { &ok } else { &failed };
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let secs = pass.t0.elapsed().as_secs_f64();
+    let cpu = (support::cpu_secs(pass.server.pid) - pass.cpu0) / secs;
+    let answered = pass.ok.load(Ordering::Relaxed);
+    Service {
+        rate: answered as f64 / secs,
+        appends: answered,
+        failed: pass.failed.load(Ordering::Relaxed),
+        groups: 0,
+        cpu,
+    }
+}
+
 /// Events a streaming producer may have written and not yet seen acknowledged: a token
 /// producer writes without waiting; the window only keeps the measurement to what the
 /// service commits rather than what it buffers.
@@ -295,6 +335,7 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
     let grouped = service_appends(bin, url, schema, lanes).await;
     let alone = service_appends(bin, url, schema, 0).await;
     let streamed = service_streams(bin, url, schema, lanes).await;
+    let ceiling = service_ceiling(bin, url, schema, lanes).await;
     println!("| ingest-single ({SECS} s each) | rows/s | vs raw, 16 clients | server CPU (cores) | failed |");
     println!("|---|---|---|---|---|");
     println!("| raw single-row autocommit INSERT, 16 clients (baseline) | {raw16:.0} | 1.00 | - | - |");
@@ -309,6 +350,13 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
             s.failed
         );
     }
+    println!(
+        "| ceiling: `GET /healthz`, 64 clients, nothing done (no append can be faster) | {:.0} | {:.2} | {:.2} | {} |",
+        ceiling.rate,
+        ceiling.rate / raw16,
+        ceiling.cpu,
+        ceiling.failed
+    );
     println!(
         "| streaming append (`/events/stream`), 64 producers, {WINDOW} unacknowledged each, {lanes} lanes | {:.0} | {:.2} | {:.2} | {} |",
         streamed.rate,
@@ -329,5 +377,10 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
         grouped.appends as f64 / grouped.groups.max(1) as f64,
         if grouped.rate >= 2.0 * raw16 { "met" } else { "not met" },
         grouped.rate / raw16
+    );
+    println!(
+        "HTTP appends reach {:.2} of the ceiling; the ceiling itself is {:.2}x raw",
+        grouped.rate / ceiling.rate,
+        ceiling.rate / raw16
     );
 }

@@ -15,6 +15,7 @@
 
 mod export;
 mod fanout;
+pub mod floor;
 mod fold;
 pub mod http;
 mod ingest;
@@ -33,6 +34,9 @@ use agent_stream::storage::embedded::default_data_dir;
 /// The scenarios, by name.
 pub const SCENARIOS: [&str; 9] =
     ["ingest", "ingest-single", "fanout", "export", "fold", "slow-readers", "stuck", "join", "many-runs"];
+
+/// The hidden scenario that serves [`floor`] (`--listen ADDR`), started by `fanout`.
+pub const FLOOR: &str = "floor-sse-server";
 
 /// Where the scenarios look for PostgreSQL when `DATABASE_URL` is unset.
 const LOCAL: &str = "host=127.0.0.1 port=5432 user=postgres dbname=test";

@@ -46,6 +46,32 @@ pub async fn serve(bin: &std::path::Path, url: &str, schema: &str, extra: &[&str
     Server { child, pid, base }
 }
 
+/// The [`floor`](crate::floor) server, a process of this tool's own binary, on a free
+/// port; answers like [`serve`]'s once it is listening.
+pub async fn floor() -> Server {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let exe = std::env::current_exe().expect("this tool's path");
+    let child = tokio::process::Command::new(&exe)
+        .args([crate::FLOOR, "--listen", &format!("127.0.0.1:{port}")])
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", exe.display()));
+    let pid = child.id().expect("pid");
+    let base = format!("http://127.0.0.1:{port}");
+    for _ in 0..200 {
+        if let Ok(mut c) = Conn::open(&base).await {
+            if c.get("/healthz", None).await.is_ok_and(|a| a.status.is_success()) {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Server { child, pid, base }
+}
+
 /// A connection to `url` whose driver runs on its own task.
 pub async fn connect(url: &str) -> tokio_postgres::Client {
     // The service's own connect, so the baseline speaks the same TLS as the service.

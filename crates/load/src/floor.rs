@@ -144,3 +144,58 @@ async fn subscriber(mut stream: TcpStream, log: &Mutex<Log>) -> std::io::Result<
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::http::Conn;
+    use crate::support::SseReader;
+
+    /// Reads until `ids` holds `n` seqs, within 5 s.
+    async fn read_to(sub: &mut SseReader, ids: &mut Vec<i64>, n: usize) {
+        while ids.len() < n {
+            let r = tokio::time::timeout(Duration::from_secs(5), sub.read_ids(ids)).await;
+            assert!(r.expect("a frame within 5 s").expect("read"), "the stream ended early");
+        }
+    }
+
+    fn ticks(n: usize) -> bytes::Bytes {
+        let e: Vec<_> =
+            (0..n).map(|i| serde_json::json!({"type": "custom.tick", "payload": {"n": i}})).collect();
+        bytes::Bytes::from(serde_json::Value::Array(e).to_string())
+    }
+
+    /// The floor must be read exactly as the service is: every seq once, in order, from
+    /// the history and then from each page, and a new run starting over at 1.
+    #[tokio::test]
+    async fn the_floor_serves_history_then_each_append_once_in_order() {
+        let port =
+            std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+        let addr = format!("127.0.0.1:{port}");
+        tokio::spawn({
+            let addr = addr.clone();
+            async move { super::serve(&addr).await }
+        });
+        let base = format!("http://{addr}");
+        let mut http = loop {
+            if let Ok(c) = Conn::open(&base).await {
+                break c;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        for _ in 0..2 {
+            let r = http.send(hyper::Method::POST, "/v1/runs", Some("k"), None).await.expect("run");
+            assert_eq!(r.status, 201);
+            let a = http.post("/v1/runs/floor/events", "k", ticks(2)).await.expect("append").json();
+            assert_eq!((a["first_seq"].as_i64(), a["last_seq"].as_i64()), (Some(1), Some(2)));
+            let mut sub = SseReader::open(&addr, "/v1/runs/floor/stream", "k").await.expect("stream");
+            let mut ids = vec![];
+            read_to(&mut sub, &mut ids, 2).await;
+            let a = http.post("/v1/runs/floor/events", "k", ticks(3)).await.expect("append").json();
+            assert_eq!((a["first_seq"].as_i64(), a["last_seq"].as_i64()), (Some(3), Some(5)));
+            read_to(&mut sub, &mut ids, 5).await;
+            assert_eq!(ids, [1, 2, 3, 4, 5]);
+        }
+    }
+}

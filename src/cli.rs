@@ -271,7 +271,6 @@ fn init_tracing() {
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info,tokio_postgres=warn,deadpool.postgres=error"));
     let json = std::env::var("AGENT_STREAM_LOG_FORMAT").is_ok_and(|v| v == "json");
-    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     // Spans for OpenTelemetry, when OTEL_* asks: the service's own, at info.
     let otel = match crate::telemetry::layer() {
         Ok(l) => l.map(|l| {
@@ -281,25 +280,49 @@ fn init_tracing() {
                     .with_target("agent_stream", tracing::Level::INFO)
                     .with_target("agent_stream_store", tracing::Level::INFO),
             )
+            .boxed()
         }),
         Err(e) => {
             eprintln!("warning: OpenTelemetry tracing is off: {e:#}");
             None
         }
     };
-    if json {
-        tracing_subscriber::registry().with(otel).with(layer.json().with_filter(log_filter(filter))).init();
+    tracing_subscriber::registry().with(layers(filter, json, otel, std::io::stderr)).init();
+}
+
+/// A layer of the service's subscriber.
+type BoxedLayer = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+
+/// The subscriber's layers: the log (to `writer`, through [`log_filter`]) and, when
+/// there is one, OpenTelemetry's.
+///
+/// Only the layers there are: an absent OpenTelemetry layer as `Option::None` counts as
+/// a layer that wants every span, and the registry then built (and entered, on every
+/// SSE frame) each span the log filter refused, even at `RUST_LOG=error`.
+fn layers<W>(
+    filter: tracing_subscriber::filter::EnvFilter,
+    json: bool,
+    otel: Option<BoxedLayer>,
+    writer: W,
+) -> Vec<BoxedLayer>
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    use tracing_subscriber::Layer;
+    let log = tracing_subscriber::fmt::layer().with_writer(writer);
+    let log = if json {
+        log.json().with_filter(log_filter(filter)).boxed()
     } else {
-        tracing_subscriber::registry().with(otel).with(layer.with_filter(log_filter(filter))).init();
-    }
+        log.with_filter(log_filter(filter)).boxed()
+    };
+    std::iter::once(log).chain(otel).collect()
 }
 
 /// What the log layer takes: `filter`, and never the PostgreSQL driver's debug output,
 /// which carries each statement's parameters (event payloads and API key hashes).
 ///
 /// One filter made of the two, not one layer filtered twice: with nested per-layer
-/// filters the registry built every span the inner filter refused (at `RUST_LOG=error`,
-/// each request's span was still created, and entered on every body frame).
+/// filters the registry built every span the inner filter refused.
 fn log_filter<S>(filter: tracing_subscriber::filter::EnvFilter) -> impl tracing_subscriber::layer::Filter<S>
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
@@ -781,10 +804,14 @@ mod tests {
     fn the_log_filter_builds_no_span_it_refuses_and_never_the_drivers_parameters() {
         use tracing_subscriber::filter::EnvFilter;
         use tracing_subscriber::prelude::*;
+        // The service's own layers, without OpenTelemetry (as when OTEL_* is unset).
         let log = |directives: &str| {
-            let layer = tracing_subscriber::fmt::layer().with_writer(std::io::sink);
-            tracing_subscriber::registry()
-                .with(layer.with_filter(super::log_filter(EnvFilter::new(directives))))
+            tracing_subscriber::registry().with(super::layers(
+                EnvFilter::new(directives),
+                false,
+                None,
+                std::io::sink,
+            ))
         };
         tracing::subscriber::with_default(log("error"), || {
             // A refused span is not built at all (it used to be, and entered per frame).

@@ -4,6 +4,7 @@
 //! delivery, the service's operations); the service renders them at `GET /metrics`.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Duration;
 
 use agent_stream_core::domain::Event;
@@ -54,6 +55,82 @@ fn latency() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.0, 20))
 }
 
+/// A latency histogram (the buckets of [`latency`]) that takes a batch of observations
+/// at once, without a lock.
+///
+/// Hand-written because `prometheus-client`'s `Histogram` takes a mutex per
+/// observation and has no batch form: live delivery records every event handed to
+/// every subscriber, and at 1,000 subscribers of a run at 1,000 events/s that was a
+/// million lock round trips a second, shared by the runtime's workers (3–4% of the
+/// server's CPU). Here a page of events costs one atomic add per bucket it touches.
+#[derive(Clone, Debug)]
+pub struct Latencies(Arc<LatencyCells>);
+
+#[derive(Debug)]
+struct LatencyCells {
+    /// Upper bounds in seconds, the last `+Inf`.
+    bounds: Vec<f64>,
+    /// Observations per bucket (not cumulative).
+    counts: Vec<AtomicU64>,
+    /// The sum of all observations, in nanoseconds.
+    sum_nanos: AtomicU64,
+}
+
+impl Default for Latencies {
+    fn default() -> Self {
+        let bounds: Vec<f64> = exponential_buckets(0.0001, 2.0, 20).chain([f64::INFINITY]).collect();
+        let counts = bounds.iter().map(|_| AtomicU64::new(0)).collect();
+        Latencies(Arc::new(LatencyCells { bounds, counts, sum_nanos: AtomicU64::new(0) }))
+    }
+}
+
+impl Latencies {
+    /// Records every duration of `took`.
+    pub fn observe_all(&self, took: impl IntoIterator<Item = Duration>) {
+        let cells = &*self.0;
+        // (bucket, count) runs: a page's events mostly share a bucket.
+        let (mut run, mut sum) = (None::<(usize, u64)>, 0u64);
+        for d in took {
+            let secs = d.as_secs_f64();
+            sum = sum.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+            let i = cells.bounds.iter().position(|b| secs <= *b).unwrap_or(cells.bounds.len() - 1);
+            run = match run {
+                Some((j, n)) if j == i => Some((j, n + 1)),
+                Some((j, n)) => {
+                    cells.counts[j].fetch_add(n, Relaxed);
+                    Some((i, 1))
+                }
+                None => Some((i, 1)),
+            };
+        }
+        if let Some((j, n)) = run {
+            cells.counts[j].fetch_add(n, Relaxed);
+            cells.sum_nanos.fetch_add(sum, Relaxed);
+        }
+    }
+}
+
+impl prometheus_client::metrics::TypedMetric for Latencies {
+    const TYPE: prometheus_client::metrics::MetricType = prometheus_client::metrics::MetricType::Histogram;
+}
+
+impl prometheus_client::encoding::EncodeMetric for Latencies {
+    fn encode(&self, mut encoder: prometheus_client::encoding::MetricEncoder) -> std::fmt::Result {
+        let cells = &*self.0;
+        let buckets: Vec<(f64, u64)> =
+            cells.bounds.iter().zip(&cells.counts).map(|(b, c)| (*b, c.load(Relaxed))).collect();
+        // Read after the buckets: a scrape racing a batch may count it in the buckets
+        // and not yet in the sum, never the other way round in the count.
+        let count = buckets.iter().map(|(_, c)| c).sum();
+        let sum = cells.sum_nanos.load(Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        <Self as prometheus_client::metrics::TypedMetric>::TYPE
+    }
+}
+
 /// Group sizes: 1, 2, 4, ... 1024 appends per transaction.
 fn sizes() -> Histogram {
     Histogram::new(exponential_buckets(1.0, 2.0, 11))
@@ -91,7 +168,7 @@ pub struct Metrics {
     pub notify_lag_seconds: Histogram,
     /// Seconds from an event's append (its server timestamp) to its hand-over to a
     /// subscriber's transport, by transport; events appended while it was subscribed.
-    pub delivery_seconds: Family<Transport, Histogram, fn() -> Histogram>,
+    pub delivery_seconds: Family<Transport, Latencies>,
     /// Open live subscriptions, by transport.
     pub subscribers_by: Family<Transport, Gauge>,
     /// HTTP requests by route, method and status, with the seconds to their response's
@@ -115,7 +192,7 @@ impl Default for Metrics {
             append_seconds: Family::new_with_constructor(latency),
             commit_group_size: sizes(),
             notify_lag_seconds: latency(),
-            delivery_seconds: Family::new_with_constructor(latency),
+            delivery_seconds: Family::default(),
             subscribers_by: Family::default(),
             http_requests: Family::new_with_constructor(latency),
         };
@@ -167,7 +244,7 @@ pub struct Delivery {
     metrics: std::sync::Arc<Metrics>,
     transport: Transport,
     since: chrono::DateTime<chrono::Utc>,
-    latency: Histogram,
+    latency: Latencies,
 }
 
 impl Delivery {
@@ -184,15 +261,61 @@ impl Delivery {
         let now = chrono::Utc::now();
         // Event times are in milliseconds: compare at that precision.
         let since = self.since.timestamp_millis();
-        for e in events.iter().filter(|e| e.ts.timestamp_millis() >= since) {
-            let took = (now - e.ts).to_std().unwrap_or_default();
-            self.latency.observe(took.as_secs_f64());
-        }
+        self.latency.observe_all(
+            events
+                .iter()
+                .filter(|e| e.ts.timestamp_millis() >= since)
+                .map(|e| (now - e.ts).to_std().unwrap_or_default()),
+        );
     }
 }
 
 impl Drop for Delivery {
     fn drop(&mut self) {
         self.metrics.subscribers_by.get_or_create(&self.transport).dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use prometheus_client::encoding::text::encode;
+    use prometheus_client::registry::{Metric, Registry};
+
+    use super::{latency, Latencies};
+
+    fn text(m: impl Metric) -> String {
+        let mut r = Registry::default();
+        r.register("delivery_seconds", "h", m);
+        let mut s = String::new();
+        encode(&mut s, &r).expect("encode");
+        s
+    }
+
+    /// Scrapers and the load tool read the batch histogram as they read the library's:
+    /// the same buckets (bounds included) and count for the same observations, and the
+    /// same sum but for float rounding.
+    #[test]
+    fn latencies_encode_as_the_librarys_histogram_of_the_same_observations() {
+        let ms = |m: f64| Duration::from_secs_f64(m / 1000.0);
+        let took =
+            [ms(0.0), ms(0.05), ms(0.1), ms(0.15), ms(3.0), ms(3.0), ms(3.1), ms(2_000.0), ms(100_000.0)];
+        let (ours, theirs) = (Latencies::default(), latency());
+        // Two batches, the second in a different bucket order, as pages come.
+        ours.observe_all(took[..4].iter().copied());
+        ours.observe_all(took[4..].iter().rev().copied());
+        for d in took {
+            theirs.observe(d.as_secs_f64());
+        }
+        let (ours, theirs) = (text(ours), text(theirs));
+        let (sum_ours, rest_ours): (Vec<&str>, Vec<&str>) = ours.lines().partition(|l| l.contains("_sum"));
+        let (sum_theirs, rest_theirs): (Vec<&str>, Vec<&str>) =
+            theirs.lines().partition(|l| l.contains("_sum"));
+        assert_eq!(rest_ours, rest_theirs);
+        assert!(rest_ours.iter().any(|l| l.contains("le=\"0.0002\"} 4")), "{ours}");
+        let value =
+            |l: &[&str]| -> f64 { l[0].rsplit(' ').next().and_then(|v| v.parse().ok()).expect("sum") };
+        assert!((value(&sum_ours) - value(&sum_theirs)).abs() < 1e-6, "{ours} against {theirs}");
     }
 }

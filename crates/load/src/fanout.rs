@@ -276,7 +276,7 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
     };
     let name = if floor { "SSE floor (no service, see `floor`)" } else { how.name() };
     println!(
-        "| {name} | {n} | {:.0} | {per_sub:.1} KiB | {p50:.2} / {p99:.2}{target} / {max:.2} | ≤ {inside50:.1} / ≤ {inside99:.1} | {received} / {} | {:.0}% | {:.1} µs | {:.2} | {join_reads:.2} |",
+        "| {name} | {n} | {:.0} | {per_sub:.1} KiB | {p50:.2} / {p99:.2}{target} / {max:.2} | ≤ {inside50:.1} / ≤ {inside99:.1} | {received} / {} | {:.0}% | {:.2} µs | {:.2} | {join_reads:.2} |",
         sent.len() as f64 / produced,
         sent.len() * n,
         100.0 * cpu / wall,

@@ -19,46 +19,38 @@ pub struct Server {
 /// Starts `bin serve` with `extra` flags and waits until it answers `/healthz`.
 /// `AGENT_STREAM_BIN` runs another build of the binary instead (an A/B of two commits).
 pub async fn serve(bin: &std::path::Path, url: &str, schema: &str, extra: &[&str]) -> Server {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port");
     let bin = std::env::var_os("AGENT_STREAM_BIN").map_or_else(|| bin.to_owned(), std::path::PathBuf::from);
-    let child = tokio::process::Command::new(&bin)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--schema", schema])
-        .args(extra)
-        .env("DATABASE_URL", url)
-        .env("RUST_LOG", "error")
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-    let pid = child.id().expect("pid");
-    let base = format!("http://127.0.0.1:{port}");
-    for _ in 0..200 {
-        if let Ok(mut c) = Conn::open(&base).await {
-            if c.get("/healthz", None).await.is_ok_and(|a| a.status.is_success()) {
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Server { child, pid, base }
+    start(&bin, |c, listen| {
+        c.args(["serve", "--listen", listen, "--schema", schema])
+            .args(extra)
+            .env("DATABASE_URL", url)
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::null());
+    })
+    .await
 }
 
 /// The [`floor`](crate::floor) server, a process of this tool's own binary, on a free
 /// port; answers like [`serve`]'s once it is listening.
 pub async fn floor() -> Server {
+    let exe = std::env::current_exe().expect("this tool's path");
+    start(&exe, |c, listen| {
+        c.args([crate::FLOOR, "--listen", listen]);
+    })
+    .await
+}
+
+/// Starts `bin` on a free port (`args` gets the command and `127.0.0.1:<port>`) and
+/// waits, up to 10 s, until it answers `/healthz`.
+async fn start(bin: &std::path::Path, args: impl FnOnce(&mut tokio::process::Command, &str)) -> Server {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port");
-    let exe = std::env::current_exe().expect("this tool's path");
-    let child = tokio::process::Command::new(&exe)
-        .args([crate::FLOOR, "--listen", &format!("127.0.0.1:{port}")])
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {}: {e}", exe.display()));
+    let mut command = tokio::process::Command::new(bin);
+    args(&mut command, &format!("127.0.0.1:{port}"));
+    let child =
+        command.kill_on_drop(true).spawn().unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
     let pid = child.id().expect("pid");
     let base = format!("http://127.0.0.1:{port}");
     for _ in 0..200 {

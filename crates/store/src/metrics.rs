@@ -50,12 +50,17 @@ pub struct HttpRequest {
     pub status: u16,
 }
 
-/// Latency buckets in seconds: 100 µs to about 54 s, doubling.
-fn latency() -> Histogram {
-    Histogram::new(exponential_buckets(0.0001, 2.0, 20))
+/// Latency bucket bounds in seconds: 100 µs to about 54 s, doubling.
+fn latency_bounds() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.0001, 2.0, 20)
 }
 
-/// A latency histogram (the buckets of [`latency`]) that takes a batch of observations
+/// A latency histogram with [`latency_bounds`].
+fn latency() -> Histogram {
+    Histogram::new(latency_bounds())
+}
+
+/// A latency histogram (the buckets of [`latency_bounds`]) that takes a batch of observations
 /// at once, without a lock.
 ///
 /// Hand-written because `prometheus-client`'s `Histogram` takes a mutex per
@@ -78,7 +83,7 @@ struct LatencyCells {
 
 impl Default for Latencies {
     fn default() -> Self {
-        let bounds: Vec<f64> = exponential_buckets(0.0001, 2.0, 20).chain([f64::INFINITY]).collect();
+        let bounds: Vec<f64> = latency_bounds().chain([f64::INFINITY]).collect();
         let counts = bounds.iter().map(|_| AtomicU64::new(0)).collect();
         Latencies(Arc::new(LatencyCells { bounds, counts, sum_nanos: AtomicU64::new(0) }))
     }

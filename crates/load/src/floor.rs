@@ -132,12 +132,12 @@ fn chunk(bytes: &[u8]) -> Bytes {
 async fn subscriber(mut stream: TcpStream, log: &Mutex<Log>) -> std::io::Result<()> {
     let (history, mut pages) = {
         let log = log.lock().await;
-        (chunk(&log.frames), log.pages.subscribe())
+        // No chunk for no history: an empty chunk would end the body.
+        let history = if log.frames.is_empty() { Bytes::new() } else { chunk(&log.frames) };
+        (history, log.pages.subscribe())
     };
     let head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
-    // An empty chunk would end the body.
-    let history = if history.len() > 5 { &history[..] } else { &[][..] };
-    stream.write_all(&[&head[..], history].concat()).await?;
+    stream.write_all(&[&head[..], &history].concat()).await?;
     // A lagging subscriber is cut, as the service would: the readers count what is missing.
     while let Ok(page) = pages.recv().await {
         stream.write_all(&page).await?;

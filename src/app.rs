@@ -400,23 +400,27 @@ impl App {
         Ok((run, view))
     }
 
-    /// The encoding of `run` in `format` for a stream that starts after `cursor`:
-    /// dialects that render from the view continue the fold up to the cursor.
+    /// The encoding of `run` in `format` for a client standing at `cursor`: dialects
+    /// that render from the view continue the fold up to its last complete event.
     pub async fn encoding(
         &self,
         who: &Principal,
         run: &RunInfo,
         format: crate::dialect::Format,
-        cursor: i64,
+        cursor: &crate::dialect::Cursor,
     ) -> Result<crate::dialect::Encoding> {
         use crate::dialect::{Encoding, RunCtx};
         let ctx = RunCtx { run_id: run.run_id.clone(), root_run_id: run.root_run_id.clone() };
-        let enc = Encoding::new(format, ctx.clone(), RunView::new());
-        if cursor > 0 && enc.needs_view() {
-            let (_, view) = self.view_at(who, &run.run_id, cursor.min(run.last_seq)).await?;
-            let enc = Encoding::new(format, ctx, view);
-            return Ok(self.live.views.opening(&who.tenant_id, &run.run_id, enc));
+        let mut enc = Encoding::new(format, ctx.clone(), RunView::new());
+        let base = cursor.complete_seq();
+        if base > 0 && enc.needs_view() {
+            let (_, view) = self.view_at(who, &run.run_id, base.min(run.last_seq)).await?;
+            enc = Encoding::new(format, ctx, view);
+            if cursor.is_plain() {
+                enc = self.live.views.opening(&who.tenant_id, &run.run_id, enc);
+            }
         }
+        enc.resume_at(cursor.clone());
         Ok(enc)
     }
 

@@ -109,7 +109,7 @@ pub async fn export_run(
     let mut w = Writer::new(tx);
     let mut enc = match opts.format {
         Format::Native => None,
-        f => Some(app.encoding(&who, &run, f, after).await?),
+        f => Some(app.encoding(&who, &run, f, &crate::dialect::Cursor::at(after)).await?),
     };
     let mut client = app.db.pool.get().await?;
     let t = tenant_tx(&mut client, &who.tenant_id).await?;

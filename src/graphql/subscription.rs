@@ -110,7 +110,7 @@ impl Subscription {
         let finished = ended(&run, after);
         let mut enc = match format {
             Format::Native => None,
-            f => Some(app.encoding(&who, &run, f, after).await.gql()?),
+            f => Some(app.encoding(&who, &run, f, &Cursor::at(after)).await.gql()?),
         };
         // A resync dialect's snapshot rides with the first event after the cursor.
         let mut opening: Vec<Value> =

@@ -93,8 +93,8 @@ pub(super) async fn stream_at(
 ) -> Result<Response> {
     let ended = run.state.is_some_and(|s| s.is_terminal());
     let base = cursor.complete_seq();
-    let mut enc = app.encoding(&who, &run, format, base).await?;
+    let mut enc = app.encoding(&who, &run, format, &cursor).await?;
     let tail = app.live_tail(who, &mut enc, base);
     let shedder = Shedder::new(app.settings.shedding, !ended);
-    Ok(super::stream::sse_response(super::stream::Sending::new(tail, enc, false, shedder, &cursor), format))
+    Ok(super::stream::sse_response(super::stream::Sending::new(tail, enc, false, shedder), format))
 }

@@ -132,7 +132,7 @@ pub(crate) async fn replay(
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     let base = cursor.complete_seq();
-    let enc = app.encoding(&who, &run, format, base).await?;
+    let enc = app.encoding(&who, &run, format, &cursor).await?;
     let source = Paced {
         app,
         who,
@@ -145,5 +145,5 @@ pub(crate) async fn replay(
     };
     // Replay shows every event at its pace: no merging, no shedding.
     let shedder = Shedder::new(Shedding::default(), false);
-    Ok(sse_response(Sending::new(source, enc, true, shedder, &cursor), format))
+    Ok(sse_response(Sending::new(source, enc, true, shedder), format))
 }

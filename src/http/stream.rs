@@ -128,11 +128,11 @@ pub(super) async fn open(
         return Ok(None);
     }
     let base = cursor.complete_seq();
-    let mut enc = app.encoding(&who, &run, format, base).await?;
+    let mut enc = app.encoding(&who, &run, format, &cursor).await?;
     let shedding = app.settings.shedding;
     let delivery = app.metrics.subscription(transport);
     let tail = Live { tail: app.live_tail(who, &mut enc, base), delivery, transport, app: app.clone() };
-    Ok(Some(Sending::new(tail, enc, raw, Shedder::new(shedding, !ended), &cursor)))
+    Ok(Some(Sending::new(tail, enc, raw, Shedder::new(shedding, !ended))))
 }
 
 /// A live stream's source: the tail, with its deliveries recorded in the metrics and
@@ -234,10 +234,12 @@ enum Next {
 }
 
 impl<S: Source> Sending<S> {
-    /// A stream whose client stands at `cursor` (its encoding starts at the cursor's
-    /// last complete event).
-    pub(super) fn new(source: S, enc: Encoding, raw: bool, shedder: Shedder, cursor: &Cursor) -> Self {
+    /// A stream whose client stands where `enc` says ([`Encoding::client`]; its
+    /// encoding starts at that cursor's last complete event).
+    pub(super) fn new(source: S, enc: Encoding, raw: bool, shedder: Shedder) -> Self {
         let now = Instant::now();
+        let cursor = enc.client().clone();
+        let cursor = &cursor;
         let resume = enc.resume();
         // A resync dialect re-synchronises the client at the base: that is where it stands.
         let start = match resume {
@@ -254,7 +256,7 @@ impl<S: Source> Sending<S> {
         }
         Sending {
             source,
-            resumer: Resumer::new(cursor, resume),
+            resumer: enc.resumer(),
             enc,
             shaper,
             shedder,
@@ -556,7 +558,7 @@ mod tests {
         });
         let enc = Encoding::new(Format::Native, RunCtx::default(), RunView::new());
         let shedder = Shedder::new(Shedding::default(), true);
-        let mut s = Sending::new(Channel(rx), enc, raw, shedder, &Cursor::at(0));
+        let mut s = Sending::new(Channel(rx), enc, raw, shedder);
         let mut frames = vec![];
         while let Some(f) = s.next_items().await {
             frames.extend(f);
@@ -683,8 +685,7 @@ mod tests {
             let body = |pages: &[Batch], shared: bool| {
                 let enc = Encoding::new(format, RunCtx::default(), RunView::new());
                 let shedder = Shedder::new(Shedding::default(), true);
-                let mut s =
-                    Sending::new(Pages(pages.iter().cloned().collect()), enc, true, shedder, &Cursor::at(0));
+                let mut s = Sending::new(Pages(pages.iter().cloned().collect()), enc, true, shedder);
                 if shared {
                     s = s.sse_pages();
                 }

@@ -34,7 +34,12 @@
 //! `REASONING_MESSAGE_START` with the same ids, `SUBAGENT_STARTED`), then continues
 //! after the cursor. `@ag-ui/client` replaces messages by id from a snapshot, so a
 //! client that saw part of an event, or a whole lane more than the cursor says, still
-//! ends with each text once.
+//! ends with each text once. Two things it does not replace, handled here:
+//! - a snapshot with no reasoning message leaves the client's reasoning messages alone,
+//!   so a client that got reasoning deltas ahead of the cursor (a merged frame) is not
+//!   sent those deltas again ([`Encoder::kept_through_resync`]);
+//! - a new client gets no `MESSAGES_SNAPSHOT` (its own input messages stay), but a
+//!   client cut inside the run's first event does, an empty one.
 
 use serde_json::{json, Map, Value};
 
@@ -272,11 +277,23 @@ impl Encoder for Agui {
         Resume::Resync
     }
 
-    fn open(&self, run: &RunCtx, v: &RunView, out: &mut Vec<Out>) {
+    fn kept_through_resync(&self, v: &RunView) -> &'static [Class] {
+        // `@ag-ui/client` keeps its reasoning messages through a MESSAGES_SNAPSHOT that
+        // has none: a client cut inside a merged frame keeps reasoning the view at the
+        // base does not have yet, and must not get it again.
+        if v.messages.iter().any(|m| m.first_reasoning_seq.is_some()) {
+            &[]
+        } else {
+            &[Class::Reasoning]
+        }
+    }
+
+    fn open(&self, run: &RunCtx, v: &RunView, past: bool, out: &mut Vec<Out>) {
         let item = |data: Value| Out::control(v.seq, data);
         out.push(item(json!({"type": "RUN_STARTED", "threadId": run.root_run_id, "runId": run.run_id})));
         out.push(item(json!({"type": "STATE_SNAPSHOT", "snapshot": state(v)})));
-        if v.seq == 0 {
+        if v.seq == 0 && !past {
+            // A new client: nothing to replace (and its own input messages stay).
             return;
         }
         out.push(item(json!({"type": "MESSAGES_SNAPSHOT", "messages": messages(v)})));

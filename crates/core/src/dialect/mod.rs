@@ -17,7 +17,9 @@
 //! - [`Resume::Resync`] (agui, vercel): the protocol has a way to re-synchronise a
 //!   client, so a resumed stream is valid on its own: it opens like a new stream and
 //!   brings the client to the state at the cursor ([`Encoder::open`]: AG-UI's
-//!   `MESSAGES_SNAPSHOT`, the AI SDK's replay from `start`), then continues.
+//!   `MESSAGES_SNAPSHOT`, the AI SDK's replay from `start`), then continues. What the
+//!   client's protocol keeps through that is dropped as in an exact resume
+//!   ([`Encoder::kept_through_resync`]).
 //!
 //! Each dialect's module doc states its rule, item by item.
 //!
@@ -42,6 +44,7 @@ use std::hash::{Hash, Hasher};
 use serde_json::Value;
 
 pub use cursor::Cursor;
+use resume::Resumer;
 
 use crate::domain::Event;
 use crate::error::{ErrorCode, Rejection, Result};
@@ -353,8 +356,16 @@ pub trait Encoder: Sync {
     }
 
     /// Items that open a stream whose client has seen the run up to `view.seq` (0: a
-    /// new client). Resync dialects re-synchronise the client here.
-    fn open(&self, _run: &RunCtx, _view: &RunView, _out: &mut Vec<Out>) {}
+    /// new client), and items past it when `past` (a cut inside an event, or a merged
+    /// frame ahead of it). Resync dialects re-synchronise the client here.
+    fn open(&self, _run: &RunCtx, _view: &RunView, _past: bool, _out: &mut Vec<Out>) {}
+
+    /// For a resync dialect: the classes of items a client keeps through the
+    /// re-synchronisation at `view` (its protocol leaves them alone). A resumed stream
+    /// drops those the client has seen, as an exact dialect does.
+    fn kept_through_resync(&self, _view: &RunView) -> &'static [Class] {
+        &[]
+    }
 
     /// Renders one event.
     fn encode(&self, step: &Step<'_>, out: &mut Vec<Out>);
@@ -395,6 +406,12 @@ pub struct Encoding {
     opening: Option<Vec<Out>>,
     /// The view went to the run's shared fold ([`Encoding::detach_view`]).
     detached: bool,
+    /// Where the client stands ([`Encoding::resume_at`]).
+    client: Cursor,
+    /// The client has seen items past the view.
+    past: bool,
+    /// What the client keeps through a resync ([`Encoder::kept_through_resync`]).
+    kept: &'static [Class],
 }
 
 /// The view handed to encoders that do not read it.
@@ -407,7 +424,18 @@ impl Encoding {
         let encoder = encoder(format);
         let start = view.seq;
         let view = encoder.needs_view().then(|| Box::new(view));
-        Encoding { format, run, view, start, encoder, opening: None, detached: false }
+        Encoding {
+            format,
+            run,
+            view,
+            start,
+            encoder,
+            opening: None,
+            detached: false,
+            client: Cursor::at(start),
+            past: false,
+            kept: &[],
+        }
     }
 
     /// The dialect.
@@ -435,6 +463,29 @@ impl Encoding {
         self.encoder.resume()
     }
 
+    /// Sets the stream up for a client standing at `cursor`, whose last complete event
+    /// is where the view stands (for encoders that read it).
+    pub fn resume_at(&mut self, cursor: Cursor) {
+        self.past = !cursor.is_plain();
+        if self.past {
+            // A shared opening is for clients standing exactly at its seq.
+            self.opening = None;
+        }
+        let view: &RunView = self.view.as_deref().unwrap_or(&NO_VIEW);
+        self.kept = self.encoder.kept_through_resync(view);
+        self.client = cursor;
+    }
+
+    /// Where the client stands ([`Encoding::resume_at`]; the stream's start otherwise).
+    pub fn client(&self) -> &Cursor {
+        &self.client
+    }
+
+    /// The filter the stream's items go through, for the client's cursor.
+    pub fn resumer(&self) -> Resumer {
+        Resumer::new(&self.client, self.resume(), self.kept)
+    }
+
     /// The items that open the stream (before any event is pushed): their id is the
     /// position the stream starts at, so a client cut off among them resumes there.
     pub fn open(&self) -> Vec<Out> {
@@ -443,7 +494,7 @@ impl Encoding {
         }
         let mut out = vec![];
         let view: &RunView = self.view.as_deref().unwrap_or(&NO_VIEW);
-        self.encoder.open(&self.run, view, &mut out);
+        self.encoder.open(&self.run, view, self.past, &mut out);
         let at = self.view_seq();
         for o in &mut out {
             o.seq = at;

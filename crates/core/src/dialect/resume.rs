@@ -9,8 +9,12 @@
 //! A lane mark names its lane by an event (`Ri`), so items are held until that event has
 //! been encoded and its lane is known. Marks only reach a few events past the cursor (one
 //! window's deltas), so little is ever held.
+//!
+//! A resync dialect's opening replaces what the client had, so nothing is dropped,
+//! except the lanes of the classes its client keeps through that opening
+//! ([`super::Encoder::kept_through_resync`]): their deltas are dropped as here.
 
-use super::{Cursor, Lane, Out, Resume};
+use super::{Class, Cursor, Lane, Out, Resume};
 
 /// The filter a resumed stream's items go through.
 pub struct Resumer {
@@ -20,19 +24,28 @@ pub struct Resumer {
     marks: Vec<(i64, Option<Lane>)>,
     /// Items waiting for the marks' lanes.
     held: Vec<Out>,
+    /// The classes whose seen deltas are dropped (all of them when `None`).
+    classes: Option<&'static [Class]>,
 }
 
 impl Resumer {
-    /// The filter for a stream resumed at `cursor` in a dialect that resumes `mode`.
-    pub fn new(cursor: &Cursor, mode: Resume) -> Resumer {
+    /// The filter for a stream resumed at `cursor` in a dialect that resumes `mode`,
+    /// whose client keeps the deltas of `kept` through a resync.
+    pub fn new(cursor: &Cursor, mode: Resume, kept: &'static [Class]) -> Resumer {
+        let marks = || cursor.lanes.iter().map(|r| (*r, None)).collect();
         match mode {
             // A resync dialect rebuilds the client's state from the view at the base:
             // items after it go out again, replacing what the client had.
-            Resume::Resync => Resumer { partial: None, marks: vec![], held: vec![] },
+            Resume::Resync if kept.is_empty() => {
+                Resumer { partial: None, marks: vec![], held: vec![], classes: None }
+            }
+            // Items of a partly sent event are not deltas: the opening replaced them.
+            Resume::Resync => Resumer { partial: None, marks: marks(), held: vec![], classes: Some(kept) },
             Resume::Exact => Resumer {
                 partial: (cursor.part > 0).then_some((cursor.seq, cursor.part)),
-                marks: cursor.lanes.iter().map(|r| (*r, None)).collect(),
+                marks: marks(),
                 held: vec![],
+                classes: None,
             },
         }
     }
@@ -77,6 +90,7 @@ impl Resumer {
         let marks = std::mem::take(&mut self.marks);
         for o in self.held.drain(..) {
             let seen = o.lane.is_some()
+                && self.classes.is_none_or(|c| c.contains(&o.class))
                 && marks.iter().any(|(r, lane)| lane.is_some() && *lane == o.lane && o.seq <= *r);
             if !seen {
                 out.push(o);

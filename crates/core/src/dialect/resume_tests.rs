@@ -9,7 +9,6 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::clients::{client, fold, Client};
-use super::resume::Resumer;
 use super::shape::{Shaper, WINDOW};
 use super::{Cursor, Encoding, Format, Out, Resume, RunCtx};
 use crate::domain::Event;
@@ -21,17 +20,19 @@ fn ctx() -> RunCtx {
 }
 
 /// The stream a client standing at `from` gets, shaped; windows close after the events
-/// `closes` picks.
-fn stream(
+/// `closes` picks. True with it when the stream drops nothing the client saw (a resync
+/// stream is then whole on its own).
+fn stream_whole(
     format: Format,
     events: &[Event],
     from: &Cursor,
     raw: bool,
     closes: &dyn Fn(i64) -> bool,
-) -> Vec<Out> {
+) -> (Vec<Out>, bool) {
     let base = from.complete_seq();
     let view = RunView::fold(&events[..base as usize]);
     let mut enc = Encoding::new(format, ctx(), view);
+    enc.resume_at(from.clone());
     let mode = enc.resume();
     let mut now = Instant::now();
     let start = match mode {
@@ -46,7 +47,8 @@ fn stream(
     for o in enc.open() {
         shaper.push(&enc, o, now, &mut out);
     }
-    let mut resumer = Resumer::new(from, mode);
+    let mut resumer = enc.resumer();
+    let whole = resumer.is_done();
     for e in &events[base as usize..] {
         let items = enc.push(e);
         let mut kept = vec![];
@@ -65,7 +67,17 @@ fn stream(
         shaper.push(&enc, o, now, &mut out);
     }
     shaper.flush(now, &mut out);
-    out
+    (out, whole)
+}
+
+fn stream(
+    format: Format,
+    events: &[Event],
+    from: &Cursor,
+    raw: bool,
+    closes: &dyn Fn(i64) -> bool,
+) -> Vec<Out> {
+    stream_whole(format, events, from, raw, closes).0
 }
 
 /// Stream-level validity: ids never go back; AG-UI's open/close order holds (what
@@ -155,7 +167,7 @@ fn check(format: Format, inputs: &[Value], raw: bool, pattern: u64) {
         }
         for (name, pattern) in [("same windows", &closes as &dyn Fn(i64) -> bool), ("other windows", &other)]
         {
-            let resumed = stream(format, &events, &cut, raw, pattern);
+            let (resumed, whole) = stream_whole(format, &events, &cut, raw, pattern);
             check_valid(format, &resumed, &format!("{what}, {name}"), &cut);
             let mut resumed_client = c.clone();
             fold(format, &mut resumed_client, &resumed);
@@ -170,8 +182,9 @@ fn check(format: Format, inputs: &[Value], raw: bool, pattern: u64) {
                 eprintln!("--- full:\n{}\n--- resumed:\n{}", show(&full), show(&resumed));
             }
             assert_eq!(resumed_client, want, "{what}, {name}");
-            if format.resume() == Resume::Resync {
-                // A resync stream is whole on its own: a client with nothing gets it all.
+            if format.resume() == Resume::Resync && whole {
+                // A resync stream that drops nothing is whole on its own: a client with
+                // nothing gets it all.
                 assert_eq!(state(format, &resumed), want, "{what}, {name}: fresh client");
             }
         }
@@ -179,7 +192,11 @@ fn check(format: Format, inputs: &[Value], raw: bool, pattern: u64) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    // 12 cases per test run (every cut of every dialect is checked in each);
+    // `RESUME_CASES=n` soaks it.
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("RESUME_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(12)
+    ))]
 
     #[test]
     fn every_dialect_resumes_exactly_after_any_item(seed in any::<u64>(), steps in 20usize..90, raw in any::<bool>(), pattern in any::<u64>()) {
@@ -225,6 +242,46 @@ fn the_runs_that_broke_resume_now_resume_exactly() {
         for raw in [false, true] {
             for pattern in [0, u64::MAX, 0x5555_5555_5555_5555] {
                 check(format, &inputs, raw, pattern);
+            }
+        }
+    }
+}
+
+/// The generated run CI found on 2026-11-29: AG-UI cut inside a merged reasoning frame
+/// repeated part of the reasoning text.
+#[test]
+fn the_generated_run_ci_found_resumes_exactly() {
+    let inputs = generated_run(4108086090032722745, 44);
+    for format in Format::ALL {
+        check(format, &inputs, false, 1330438800717980333);
+    }
+}
+
+/// Runs cut inside their first event: the view at the base is empty, so a resync
+/// stream must still re-synchronise what the client saw of that event (AG-UI sends no
+/// `MESSAGES_SNAPSHOT` to a new client, but does to this one).
+#[test]
+fn runs_cut_inside_their_first_event_resume_exactly() {
+    let tail = [
+        json!({"type": "reasoning.delta", "payload": {"message_id": "a1", "text": " more"}}),
+        json!({"type": "text.delta", "payload": {"message_id": "a1", "text": "Hi"}}),
+        json!({"type": "reasoning.delta", "payload": {"message_id": "a1", "text": " still"}}),
+        json!({"type": "text.delta", "payload": {"message_id": "a1", "text": " there"}}),
+        json!({"type": "message.end", "payload": {"message_id": "a1", "text": "Hi there"}}),
+        json!({"type": "run.lifecycle", "payload": {"state": "done"}}),
+    ];
+    let firsts = [
+        json!({"type": "reasoning.delta", "payload": {"message_id": "a1", "text": "Think"}}),
+        json!({"type": "tool.start", "payload": {"call_id": "c0", "tool": "web.search", "input": {"q": "x"}}}),
+        json!({"type": "child.spawn", "payload": {"child_id": "k", "prompt": "shop A"}}),
+    ];
+    for first in firsts {
+        let inputs: Vec<Value> = std::iter::once(first).chain(tail.iter().cloned()).collect();
+        for format in Format::ALL {
+            for raw in [false, true] {
+                for pattern in [0, u64::MAX, 0x5555_5555_5555_5555] {
+                    check(format, &inputs, raw, pattern);
+                }
             }
         }
     }

@@ -175,7 +175,7 @@ impl Encoder for Vercel {
         Resume::Resync
     }
 
-    fn open(&self, run: &RunCtx, v: &RunView, out: &mut Vec<Out>) {
+    fn open(&self, run: &RunCtx, v: &RunView, _past: bool, out: &mut Vec<Out>) {
         let seq = v.seq;
         out.push(Out::control(seq, json!({"type": "start", "messageId": run.run_id})));
         out.push(Out::control(seq, json!({"type": "start-step"})));

@@ -238,17 +238,15 @@ impl<S: Source> Sending<S> {
     /// encoding starts at that cursor's last complete event).
     pub(super) fn new(source: S, enc: Encoding, raw: bool, shedder: Shedder) -> Self {
         let now = Instant::now();
-        let cursor = enc.client().clone();
-        let cursor = &cursor;
         let resume = enc.resume();
         // A resync dialect re-synchronises the client at the base: that is where it stands.
         let start = match resume {
-            Resume::Exact => cursor.clone(),
+            Resume::Exact => enc.client().clone(),
             Resume::Resync => Cursor::at(enc.view_seq()),
         };
         let mut shaper = Shaper::new(raw, start, now);
         if resume == Resume::Resync {
-            shaper = shaper.resumed(cursor);
+            shaper = shaper.resumed(enc.client());
         }
         let mut ready = vec![];
         for o in enc.open() {

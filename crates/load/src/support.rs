@@ -2,7 +2,7 @@
 //! serve` process to measure, its `/proc` readings, percentiles, a bare SSE reader and
 //! the bare NOTIFY → LISTEN baseline.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::http::Conn;
 
@@ -135,6 +135,78 @@ pub fn cpu_secs(pid: u32) -> f64 {
     let ticks: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
         + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
     ticks / 100.0
+}
+
+/// CPU seconds used so far by every process on this machine named `postgres` (the
+/// database's backends and helpers); a backend that has exited counts through its
+/// parent's reaped-children time.
+pub fn postgres_cpu_secs() -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return 0.0 };
+    let mut ticks = 0.0;
+    for entry in dir.flatten() {
+        if !entry.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        if &stat[open + 1..close] != "postgres" {
+            continue;
+        }
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        // utime, stime, cutime, cstime
+        ticks += (11..=14).filter_map(|i| fields.get(i)?.parse::<f64>().ok()).sum::<f64>();
+    }
+    ticks / 100.0
+}
+
+/// Cores used over a window by the database, this load tool and the measured server.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cores {
+    /// Every `postgres` process.
+    pub postgres: f64,
+    /// This process (the producers and readers).
+    pub load: f64,
+    /// The server measured (0 without one).
+    pub server: f64,
+}
+
+impl Cores {
+    /// Microseconds of CPU per item at `rate` items per second: (database, load tool,
+    /// server).
+    pub fn per_item_us(&self, rate: f64) -> (f64, f64, f64) {
+        let us = |cores: f64| cores * 1e6 / rate.max(f64::MIN_POSITIVE);
+        (us(self.postgres), us(self.load), us(self.server))
+    }
+}
+
+/// Reads [`Cores`] from when it was started.
+pub struct CpuMeter {
+    t0: Instant,
+    postgres: f64,
+    load: f64,
+    server: Option<(u32, f64)>,
+}
+
+impl CpuMeter {
+    /// Starts measuring, with the server `pid` if there is one.
+    pub fn start(server: Option<u32>) -> CpuMeter {
+        CpuMeter {
+            t0: Instant::now(),
+            postgres: postgres_cpu_secs(),
+            load: cpu_secs(std::process::id()),
+            server: server.map(|pid| (pid, cpu_secs(pid))),
+        }
+    }
+
+    /// Cores used since the start.
+    pub fn cores(&self) -> Cores {
+        let secs = self.t0.elapsed().as_secs_f64().max(f64::MIN_POSITIVE);
+        Cores {
+            postgres: (postgres_cpu_secs() - self.postgres) / secs,
+            load: (cpu_secs(std::process::id()) - self.load) / secs,
+            server: self.server.map_or(0.0, |(pid, at)| (cpu_secs(pid) - at) / secs),
+        }
+    }
 }
 
 /// A sample's value in Prometheus text (`name value`); 0 when absent.
@@ -357,6 +429,34 @@ pub fn touch(events: &[agent_stream::domain::Event]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_meter_counts_a_busy_process_named_postgres_and_nothing_else() {
+        // `yes` under the name `postgres`: a process that burns a core, as a backend would.
+        let dir = std::env::temp_dir().join(format!("cpu-meter-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let busy = dir.join("postgres");
+        std::fs::copy("/usr/bin/yes", &busy).expect("copy yes");
+        let idle = CpuMeter::start(None);
+        std::thread::sleep(Duration::from_millis(300));
+        let before = idle.cores();
+        let meter = CpuMeter::start(None);
+        let mut child =
+            std::process::Command::new(&busy).stdout(std::process::Stdio::null()).spawn().expect("spawn");
+        std::thread::sleep(Duration::from_millis(500));
+        let during = meter.cores();
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            during.postgres > before.postgres + 0.3,
+            "a busy `postgres` adds most of a core: {during:?} against {before:?} without it"
+        );
+        assert!(during.load < 0.3, "this test sleeps: {during:?}");
+        assert_eq!(during.server, 0.0);
+        let (pg, _, _) = Cores { postgres: 0.5, load: 0.0, server: 0.0 }.per_item_us(10_000.0);
+        assert_eq!(pg, 50.0, "half a core over 10,000 rows/s is 50 µs a row");
+    }
 
     #[test]
     fn a_histograms_quantile_between_two_samples_is_its_buckets_bound() {

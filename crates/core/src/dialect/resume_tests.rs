@@ -13,7 +13,7 @@ use super::shape::{Shaper, WINDOW};
 use super::{Cursor, Encoding, Format, Out, Resume, RunCtx};
 use crate::domain::Event;
 use crate::projection::RunView;
-use crate::testkit::{generated_run, stored};
+use crate::testkit::{generated_run, generated_run_mix, stored};
 
 fn ctx() -> RunCtx {
     RunCtx { run_id: "run".into(), root_run_id: "root".into() }
@@ -201,6 +201,16 @@ proptest! {
     #[test]
     fn every_dialect_resumes_exactly_after_any_item(seed in any::<u64>(), steps in 20usize..90, raw in any::<bool>(), pattern in any::<u64>()) {
         let inputs = generated_run(seed, steps);
+        for format in Format::ALL {
+            check(format, &inputs, raw, pattern);
+        }
+    }
+
+    /// The same with streamed tokens dominating, as in real runs (and in the Node
+    /// resume check): more merged frames, so more cuts past their base.
+    #[test]
+    fn every_dialect_resumes_exactly_in_delta_heavy_runs(seed in any::<u64>(), steps in 20usize..90, raw in any::<bool>(), pattern in any::<u64>()) {
+        let inputs = generated_run_mix(seed, steps, 40);
         for format in Format::ALL {
             check(format, &inputs, raw, pattern);
         }

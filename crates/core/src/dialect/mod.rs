@@ -408,8 +408,6 @@ pub struct Encoding {
     detached: bool,
     /// Where the client stands ([`Encoding::resume_at`]).
     client: Cursor,
-    /// The client has seen items past the view.
-    past: bool,
     /// What the client keeps through a resync ([`Encoder::kept_through_resync`]).
     kept: &'static [Class],
 }
@@ -433,7 +431,6 @@ impl Encoding {
             opening: None,
             detached: false,
             client: Cursor::at(start),
-            past: false,
             kept: &[],
         }
     }
@@ -466,8 +463,7 @@ impl Encoding {
     /// Sets the stream up for a client standing at `cursor`, whose last complete event
     /// is where the view stands (for encoders that read it).
     pub fn resume_at(&mut self, cursor: Cursor) {
-        self.past = !cursor.is_plain();
-        if self.past {
+        if !cursor.is_plain() {
             // A shared opening is for clients standing exactly at its seq.
             self.opening = None;
         }
@@ -494,7 +490,8 @@ impl Encoding {
         }
         let mut out = vec![];
         let view: &RunView = self.view.as_deref().unwrap_or(&NO_VIEW);
-        self.encoder.open(&self.run, view, self.past, &mut out);
+        // A cursor inside an event, or with lanes, has seen items past the view.
+        self.encoder.open(&self.run, view, !self.client.is_plain(), &mut out);
         let at = self.view_seq();
         for o in &mut out {
             o.seq = at;

@@ -128,13 +128,20 @@ pub fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// A `/proc/<pid>/stat` line's command name and CPU seconds: (its own user + system,
+/// that of its children it has reaped).
+fn stat_cpu(stat: &str) -> Option<(&str, f64, f64)> {
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let fields: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime, stime, cutime, cstime, in clock ticks of 1/100 s
+    Some((stat.get(open + 1..close)?, (ticks(11) + ticks(12)) / 100.0, (ticks(13) + ticks(14)) / 100.0))
+}
+
 /// User + system CPU seconds a process has used.
 pub fn cpu_secs(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-    let ticks: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    ticks / 100.0
+    stat_cpu(&stat).map_or(0.0, |(_, own, _)| own)
 }
 
 /// CPU seconds used so far by every process on this machine named `postgres` (the
@@ -142,21 +149,17 @@ pub fn cpu_secs(pid: u32) -> f64 {
 /// parent's reaped-children time.
 pub fn postgres_cpu_secs() -> f64 {
     let Ok(dir) = std::fs::read_dir("/proc") else { return 0.0 };
-    let mut ticks = 0.0;
+    let mut secs = 0.0;
     for entry in dir.flatten() {
         if !entry.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
-        if &stat[open + 1..close] != "postgres" {
-            continue;
+        if let Some(("postgres", own, reaped)) = stat_cpu(&stat) {
+            secs += own + reaped;
         }
-        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-        // utime, stime, cutime, cstime
-        ticks += (11..=14).filter_map(|i| fields.get(i)?.parse::<f64>().ok()).sum::<f64>();
     }
-    ticks / 100.0
+    secs
 }
 
 /// Cores used over a window by the database, this load tool and the measured server.

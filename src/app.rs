@@ -451,7 +451,8 @@ impl App {
         self.admit(who)?;
         let key_id = who.key_id.clone();
         let out = storage::append::append_control(&self.db, &self.guards, &who.tenant_id, run_id, move |g| {
-            action.events(g, &key_id)
+            // Built again if another process appends to the run meanwhile.
+            action.clone().events(g, &key_id)
         })
         .await;
         self.count(out.as_ref().ok(), true);

@@ -50,8 +50,11 @@ async fn sigkill_mid_batch_leaves_whole_batches_or_none() {
         .await
         .expect("max")
         .get(0);
-    let last_seq: i64 =
-        owner.query_one("SELECT last_seq FROM runs WHERE run_id = $1", &[&run]).await.expect("run").get(0);
+    let last_seq: i64 = owner
+        .query_one("SELECT last_seq FROM run_summary WHERE run_id = $1", &[&run])
+        .await
+        .expect("run")
+        .get(0);
     eprintln!(
         "sent {batches} batches of {n}; acknowledged {acked}; stored {stored} events ({} whole batches)",
         stored as usize / n
@@ -59,7 +62,7 @@ async fn sigkill_mid_batch_leaves_whole_batches_or_none() {
     assert_eq!(stored as usize % n, 0, "only whole batches are stored");
     assert!(stored as usize >= acked * n, "every acknowledged batch is stored");
     assert_eq!(max.unwrap_or(0), stored, "gapless");
-    assert_eq!(last_seq, stored, "the run row agrees with the log");
+    assert_eq!(last_seq, stored, "the run's head is the log's");
     // The log takes appends again after the crash, continuing the seqs.
     let (first, _) = t.append_ok(&t.key_a, &run, batch(1, 99)).await;
     assert_eq!(first, stored + 1);

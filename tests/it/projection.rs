@@ -615,7 +615,7 @@ async fn the_documented_analyst_queries_run_and_answer() {
             "INSERT INTO agent_run_events (tenant_id, run_id, seq, id, ts, type, payload) VALUES
                ('{a}', '{stuck}', 1, '01J0000000000000000000000A', now() - interval '2 hours', 'run.lifecycle', '{{\"state\": \"planning\"}}'),
                ('{a}', '{stuck}', 2, '01J0000000000000000000000B', now() - interval '2 hours', 'run.lifecycle', '{{\"state\": \"awaiting_approval\"}}');
-             UPDATE runs SET last_seq = 2, state = 'awaiting_approval' WHERE run_id = '{stuck}';",
+             UPDATE runs SET state = 'awaiting_approval' WHERE run_id = '{stuck}';",
             a = t.tenant_a
         ))
         .await

@@ -450,10 +450,13 @@ fn note_line(
     }
 }
 
-/// The newest seq of some runs of one tenant. One statement per tenant, each naming its
-/// tenant, so on Citus each is a router query to the tenant's worker rather than one
-/// query fanned out to every shard.
-const NEWEST: &str = "SELECT run_id, last_seq FROM runs WHERE tenant_id = $1 AND run_id = ANY($2)";
+/// The newest seq of some runs of one tenant (0 for a run without events), read from the
+/// log. One statement per tenant, each naming its tenant, so on Citus each is a router
+/// query to the tenant's worker rather than one query fanned out to every shard.
+const NEWEST: &str = "SELECT r.run_id, coalesce(h.seq, 0) FROM runs r
+     LEFT JOIN LATERAL (SELECT e.seq FROM agent_run_events e WHERE e.tenant_id = $1 AND e.run_id = r.run_id
+                        ORDER BY e.seq DESC LIMIT 1) h ON true
+     WHERE r.tenant_id = $1 AND r.run_id = ANY($2)";
 
 /// [`NEWEST`] for `runs` (tenant, run), grouped by tenant; the statements go out
 /// pipelined on the one connection.

@@ -26,8 +26,8 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
     let started = Instant::now();
     owner
         .execute(
-            "INSERT INTO runs (tenant_id, run_id, root_run_id, last_seq, state) VALUES ($1, $2, $2, $3, 'running')",
-            &[&key.tenant_id, &run, &n],
+            "INSERT INTO runs (tenant_id, run_id, root_run_id, state) VALUES ($1, $2, $2, 'running')",
+            &[&key.tenant_id, &run],
         )
         .await
         .expect("run");

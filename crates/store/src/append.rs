@@ -1,15 +1,18 @@
 //! The append path: validated, atomic, gapless, idempotent.
 //!
 //! One transaction per batch:
-//! 1. lock the run row (`FOR UPDATE`): appends to one run are serialised, so seqs are
-//!    handed out in commit order and readers only ever see a gapless prefix;
+//! 1. lock the run row (`FOR UPDATE`), then read the run's head (its last event) from
+//!    the log: appends to one run that read the head are serialised, and one built on a
+//!    head another writer has moved meanwhile (group commit's one-round-trip path,
+//!    which takes no row lock) is refused by the events' primary key and built again,
+//!    so seqs are handed out in commit order and readers only ever see a gapless prefix;
 //! 2. answer retries: if every event's idempotency key is already stored with the same
 //!    content, return the original seqs and write nothing;
 //! 3. check `expected_last_seq`;
 //! 4. validate the batch against the run's [`RunGuard`] (cached per run, rebuilt from
 //!    the log when another process appended since);
-//! 5. insert all rows with one `INSERT ... SELECT FROM unnest(...)`, move the run's
-//!    `last_seq`, commit.
+//! 5. insert all rows with one `INSERT ... SELECT FROM unnest(...)`, write the run's
+//!    new state if it changed, commit.
 //!
 //! Any failure before the commit rolls the whole batch back: nothing partial is stored.
 
@@ -120,10 +123,15 @@ pub async fn append_control<F>(
     build: F,
 ) -> Result<AppendOutcome>
 where
-    F: FnOnce(&RunGuard) -> Result<Vec<NewEvent>>,
+    F: FnMut(&RunGuard) -> Result<Vec<NewEvent>>,
 {
+    let mut build = build;
     append_inner(db, guards, tenant, run_id, Origin::Service, None, |g| build(g).map(Cow::Owned)).await
 }
+
+/// How many times an append is built again after another process took the seqs it was
+/// built for ([`Error::is_seq_taken`]) before the conflict is reported.
+const SEQ_TAKEN_RETRIES: usize = 5;
 
 async fn append_inner<'b, F>(
     db: &Db,
@@ -132,37 +140,70 @@ async fn append_inner<'b, F>(
     run_id: &str,
     origin: Origin,
     expected_last_seq: Option<i64>,
-    build: F,
+    mut build: F,
 ) -> Result<AppendOutcome>
 where
-    F: FnOnce(&RunGuard) -> Result<Cow<'b, [NewEvent]>>,
+    F: FnMut(&RunGuard) -> Result<Cow<'b, [NewEvent]>>,
 {
     let run_id = parse_run_id(run_id)?;
     let slot = guards.slot(tenant, &run_id);
     let mut cached = slot.lock().await;
+    let mut tries = 0;
+    loop {
+        match attempt(db, guards, tenant, &run_id, origin, expected_last_seq, &mut build, &mut cached).await {
+            Err(e) if e.is_seq_taken() && tries < SEQ_TAKEN_RETRIES => {
+                tries += 1;
+                tracing::debug!(run = %run_id, tries, "another process appended to the run meanwhile; building the append again");
+            }
+            out => return out,
+        }
+    }
+}
 
+/// One try of [`append_inner`], in its own transaction; `cached` is the run's guard slot,
+/// held by the caller.
+#[allow(clippy::too_many_arguments)]
+async fn attempt<'b, F>(
+    db: &Db,
+    guards: &Guards,
+    tenant: &str,
+    run_id: &str,
+    origin: Origin,
+    expected_last_seq: Option<i64>,
+    build: &mut F,
+    cached: &mut Option<RunGuard>,
+) -> Result<AppendOutcome>
+where
+    F: FnMut(&RunGuard) -> Result<Cow<'b, [NewEvent]>>,
+{
+    let run_id = run_id.to_owned();
     let mut client = db.pool.get().await?;
     let tx = tenant_tx(&mut client, tenant).await?;
     let lock = tx
         .prepare_cached(
-            "SELECT last_seq, last_event_id, date_trunc('milliseconds', clock_timestamp())
+            "SELECT date_trunc('milliseconds', clock_timestamp())
              FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE",
         )
         .await?;
-    let Some(row) = tx.query_opt(&lock, &[&tenant, &run_id]).await? else {
+    // The head is read by a statement of its own, sent with the lock and run after it, so
+    // that its snapshot holds whatever committed while the lock was awaited.
+    let ids = [run_id.clone()];
+    let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&tenant, &run_id];
+    let (locked, heads) =
+        futures::join!(tx.query_opt(&lock, &lock_params), crate::rows::heads(&tx, tenant, &ids));
+    let Some(row) = locked? else {
         return Err(run_not_found(&run_id));
     };
-    let last_seq: i64 = row.get(0);
-    let last_id: Option<&str> = row.get(1);
-    let now: DateTime<Utc> = row.get(2);
+    let now: DateTime<Utc> = row.get(0);
+    let (last_seq, last_id) = heads?.remove(&run_id).unwrap_or((0, None));
 
     let base = match cached.as_ref() {
         Some(g) if g.last_seq() == last_seq => g.clone(),
-        _ => rebuild_guard(&tx, tenant, &run_id).await?,
+        _ => rebuild_guard(&tx, tenant, &run_id, last_seq).await?,
     };
     if base.last_seq() != last_seq {
         return Err(Error::Internal(anyhow::anyhow!(
-            "run {run_id}: log ends at seq {} but the run row says {last_seq}",
+            "run {run_id}: the log ends at seq {last_seq} but its rebuilt guard at {}",
             base.last_seq()
         )));
     }
@@ -186,7 +227,7 @@ where
     let before = guard.state();
     let mids = crate::rows::check(&mut guard, last_seq + 1, &events, origin)?;
     let n = events.len();
-    let ids = next_ids(last_id.and_then(|s| Ulid::from_string(s).ok()), now, n);
+    let ids = next_ids(last_id, now, n);
     let sink = guards.sink_for(tenant, &run_id);
     let mut written = Vec::with_capacity(if sink.is_some() { n } else { 0 });
     let mut rows = Rows::with_capacity(tenant, n);
@@ -195,15 +236,19 @@ where
         rows.push(&run_id, last_seq + 1 + i as i64, ids[i], now, e, mid, stored);
     }
     let new_last = last_seq + n as i64;
-    let state = guard.state();
-    let ended = state.filter(|s| s.is_terminal() && before != state).map(|_| now);
-    let mut heads = RunRows::new(tenant, now);
-    heads.push(&run_id, new_last, ids.last().copied(), state, ended);
-    let (insert, update) = (Rows::statement(&tx).await?, RunRows::statement(&tx).await?);
-    // Sent together, answered in order: one round trip for both. If the insert fails
-    // the update fails with it and the transaction rolls back.
-    let (row_params, head_params) = (rows.params(), heads.params());
-    futures::try_join!(tx.execute(&insert, &row_params), tx.execute(&update, &head_params))?;
+    let mut changed = RunRows::new(tenant, now);
+    changed.push(&run_id, before, guard.state());
+    let insert = Rows::statement(&tx).await?;
+    let row_params = rows.params();
+    if changed.is_empty() {
+        tx.execute(&insert, &row_params).await?;
+    } else {
+        // Sent together, answered in order: one round trip for both. If the insert fails
+        // the update fails with it and the transaction rolls back.
+        let update = RunRows::statement(&tx).await?;
+        let head_params = changed.params();
+        futures::try_join!(tx.execute(&insert, &row_params), tx.execute(&update, &head_params))?;
+    }
     let id_strs = ids.iter().map(Ulid::to_string).collect::<Vec<_>>();
     let outcome = AppendOutcome { first_seq: last_seq + 1, last_seq: new_last, replayed: false };
     if let Err(e) = tx.commit().await {
@@ -223,7 +268,7 @@ where
     Ok(outcome)
 }
 
-/// How long [`commit_outcome`] waits for the run's row lock.
+/// How long [`commit_outcome`] waits for a transaction still inserting at the seq it checks.
 const IN_DOUBT_LOCK_WAIT: &str = "SET LOCAL lock_timeout = '5s'";
 
 /// After a COMMIT failed, whether it took effect anyway, given the append's last row
@@ -249,15 +294,28 @@ pub(crate) async fn settle_in_doubt(
 }
 
 /// Whether the event `id` is stored at `seq` of the run: after a COMMIT whose answer
-/// never came, whether that transaction committed. The run's row lock is taken first,
-/// so a transaction the server is still finishing is waited out (up to 5 s) rather
-/// than taken for one that did not commit.
+/// never came, whether that transaction committed. A transaction the server is still
+/// finishing is waited out (up to 5 s) rather than taken for one that did not commit:
+/// a probe row is inserted at the same key, which waits for whoever is inserting there
+/// (the group commit's one-round-trip path holds no row lock to wait on). The probe is
+/// never kept: the transaction ends in a rollback.
 pub async fn commit_outcome(db: &Db, tenant: &str, run_id: &str, seq: i64, id: &str) -> Result<bool> {
     let mut client = db.pool.get().await?;
     let tx = tenant_tx(&mut client, tenant).await?;
     tx.batch_execute(IN_DOUBT_LOCK_WAIT).await?;
-    tx.query_opt("SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE", &[&tenant, &run_id])
+    let probe = tx
+        .query_opt(
+            "INSERT INTO agent_run_events (tenant_id, run_id, seq, id, ts, type, payload)
+             VALUES ($1, $2, $3, '', now(), 'probe', '{}')
+             ON CONFLICT (tenant_id, run_id, seq) DO NOTHING RETURNING 1",
+            &[&tenant, &run_id, &seq],
+        )
         .await?;
+    if probe.is_some() {
+        // Nothing was at that seq: the transaction in doubt did not commit.
+        tx.rollback().await?;
+        return Ok(false);
+    }
     let row = tx
         .query_opt(
             "SELECT id FROM agent_run_events WHERE tenant_id = $1 AND run_id = $2 AND seq = $3",
@@ -322,14 +380,18 @@ pub(crate) async fn replay_if_retry<C: deadpool_postgres::GenericClient>(
     Ok(Some(AppendOutcome { first_seq: first, last_seq: last, replayed: true }))
 }
 
-/// Folds the stored log into a guard (after a restart, or when another process appended).
+/// Folds the stored log up to `upto`, the head the caller read, into a guard (after a
+/// restart, or when another process appended). Not further: another process may append
+/// meanwhile (group commit's one-round-trip path takes no lock), and rows built on the
+/// head read are then refused by the log's primary key and built again.
 pub(crate) async fn rebuild_guard<C: deadpool_postgres::GenericClient>(
     tx: &C,
     tenant: &str,
     run_id: &str,
+    upto: i64,
 ) -> Result<RunGuard> {
     let mut guard = RunGuard::new();
-    let events = stream_after(tx, tenant, run_id, 0, i64::MAX, &ALL_EVENTS).await?;
+    let events = stream_after(tx, tenant, run_id, 0, upto, &ALL_EVENTS).await?;
     futures::pin_mut!(events);
     while let Some(e) = events.try_next().await? {
         guard.apply(e.seq, e.child_id.as_deref(), &e.body, Origin::Service).map_err(|r| {

@@ -26,6 +26,25 @@ pub enum Error {
 }
 
 impl Error {
+    /// True when the database refused an event because its run already holds one at
+    /// that seq: another process appended to the run after this writer read its head.
+    /// Nothing of the transaction is stored; the append can be built again on the new
+    /// head.
+    pub fn is_seq_taken(&self) -> bool {
+        let Error::Db(e) = self else { return false };
+        let Some(d) =
+            e.as_db_error().filter(|d| *d.code() == tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
+        else {
+            return false;
+        };
+        // On Citus the constraint is named after the shard (agent_run_events_pkey_102008),
+        // and the coordinator passes on the worker's message but not its constraint field.
+        match d.constraint() {
+            Some(c) => c.starts_with("agent_run_events_pkey"),
+            None => d.message().contains("unique constraint \"agent_run_events_pkey"),
+        }
+    }
+
     /// Shorthand for a rejection with no event index.
     pub fn reject(code: ErrorCode, message: impl Into<String>) -> Self {
         Error::Rejected(Rejection::new(code, message))

@@ -8,10 +8,12 @@
 //! - it is validated on its own against its run's guard, as in [`super::append`](fn@super::append); a
 //!   refused append gets its error and writes nothing, the others go on;
 //! - an idempotent retry is answered from the stored rows, as alone;
-//! - a group whose runs' heads the lane already knows (from its last commit of them)
-//!   and which carries no idempotency keys goes out in one round trip, its UPDATE of
-//!   the runs gated on those heads ([`run_fast`]); a run that moved meanwhile makes it
-//!   roll back, and it is built again under row locks as any other group;
+//! - a group whose runs' heads the lane already knows (from its last commit of them,
+//!   less than [`HEAD_TTL`] ago), which changes no run's state and carries no
+//!   idempotency keys goes out in one round trip and writes nothing but its events
+//!   ([`run_fast`]); a run that moved meanwhile (another process appended) makes the
+//!   events' primary key refuse it, and it is built again under row locks as any other
+//!   group;
 //! - if the shared transaction fails (a race on an idempotency key, a lost
 //!   connection), nothing of the group is stored and every accepted append is redone
 //!   alone through the single-append path, which answers it exactly as it would have.
@@ -92,10 +94,21 @@ impl GroupCommit {
     }
 }
 
-/// Where this lane last left each run's head: (tenant, run) → (last seq, last event id).
-/// An entry counts only while the run's cached guard ends at the same seq: an append
-/// through another path moves the guard, and the entry is then ignored.
-type Heads = HashMap<(String, String), (i64, Option<Ulid>)>;
+/// How long a head this lane committed is trusted without reading the run again.
+///
+/// The one-round-trip path does not touch the run's row, so it cannot see that the run
+/// was deleted. Only retention deletes, only runs that ended days ago, and nothing can be
+/// appended after a run ended; a head this lane committed to such a run before another
+/// process ended it is refused by the log's primary key, as long as the events after
+/// it are still there. They are for days, so a head younger than this minute can only
+/// be followed by a refusal, never by rows written for a deleted run.
+pub const HEAD_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Where this lane last left each run's head: (tenant, run) → (last seq, last event id,
+/// when it committed them). An entry counts only while the run's cached guard ends at
+/// the same seq (an append through another path moves the guard, and the entry is then
+/// ignored) and for [`HEAD_TTL`].
+type Heads = HashMap<(String, String), (i64, Option<Ulid>, std::time::Instant)>;
 
 async fn lane(db: Db, guards: Arc<Guards>, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Job>) {
     let mut heads = Heads::new();
@@ -126,8 +139,6 @@ async fn lane(db: Db, guards: Arc<Guards>, metrics: Arc<Metrics>, mut rx: mpsc::
 
 /// A run's state while its group is built.
 struct Locked {
-    /// Where the run's head was before the group.
-    from_seq: i64,
     last_seq: i64,
     last_id: Option<Ulid>,
     guard: RunGuard,
@@ -173,7 +184,13 @@ async fn commit_group(
             }
         }
         Err((e, jobs)) => {
-            tracing::warn!(error = %e, appends = jobs.len(), "group commit failed; redoing its appends one by one");
+            if e.is_seq_taken() {
+                // Another process appended to one of the runs meanwhile: expected when
+                // several write to one run, and each append is built again on its own.
+                tracing::debug!(error = %e, appends = jobs.len(), "a group's seqs were taken; redoing its appends one by one");
+            } else {
+                tracing::warn!(error = %e, appends = jobs.len(), "group commit failed; redoing its appends one by one");
+            }
             for j in jobs {
                 let out = super::append(db, guards, &j.tenant, &j.run_id, &j.batch, Origin::Producer).await;
                 if out.as_ref().is_ok_and(|o| !o.replayed) {
@@ -244,12 +261,9 @@ async fn try_group(
         .enumerate()
         .map(|(i, r)| {
             let g = slots[i].as_ref()?;
-            let (seq, id) = heads.remove(&(tenant.to_owned(), r.clone()))?;
-            (seq == g.last_seq()).then(|| {
-                (
-                    r.clone(),
-                    Locked { from_seq: seq, last_seq: seq, last_id: id, guard: g.clone(), before: g.state() },
-                )
+            let (seq, id, at) = heads.remove(&(tenant.to_owned(), r.clone()))?;
+            (seq == g.last_seq() && at.elapsed() < HEAD_TTL).then(|| {
+                (r.clone(), Locked { last_seq: seq, last_id: id, guard: g.clone(), before: g.state() })
             })
         })
         .collect();
@@ -301,7 +315,7 @@ async fn try_group(
     for (i, r) in runs.iter().enumerate() {
         if let Some(s) = state.get(r) {
             *slots[i] = Some(s.guard.clone());
-            heads.insert((tenant.to_owned(), r.clone()), (s.last_seq, s.last_id));
+            heads.insert((tenant.to_owned(), r.clone()), (s.last_seq, s.last_id, std::time::Instant::now()));
         }
     }
     if let Some(sink) = sink {
@@ -330,12 +344,12 @@ fn hand_over(sink: &dyn CommitSink, tenant: &str, written: Vec<Event>) {
 }
 
 /// The group in one round trip, when the lane knows where each of its runs' heads is
-/// (`state`, from the lane's [`Heads`] and the cached guards) and no append carries an
-/// idempotency key (a retry needs a read before its answer): BEGIN, the tenant
-/// setting, the runs' UPDATE gated on those heads ([`RunRows::gated_statement`]), the
-/// INSERT and COMMIT are sent together. The row lock that the other path takes first is
-/// taken by the gated UPDATE, which fails if any run has moved (another process
-/// appended, or it was deleted), so the INSERT and COMMIT then end in a rollback.
+/// (`state`, from the lane's [`Heads`] and the cached guards), no append carries an
+/// idempotency key (a retry needs a read before its answer) and no run's state changes
+/// (that writes the run's row, under its lock): BEGIN, the tenant setting, the INSERT
+/// and COMMIT are sent together. No row of `runs` is read or written: if another
+/// process appended to a run since, the events' primary key refuses the rows built on
+/// the old head, and the COMMIT then ends in a rollback.
 ///
 /// `Ok(Some)`: committed. `Ok(None)`: nothing was stored and the connection is idle
 /// again: a run moved, an append was refused, or a statement failed; the caller builds
@@ -357,17 +371,16 @@ async fn run_fast(
     }
     let now = DateTime::<Utc>::from_timestamp_millis(Utc::now().timestamp_millis()).unwrap_or_else(Utc::now);
     let (results, rows, written) = accept(c, sink, tenant, &mut state, jobs, now).await;
-    if rows.is_empty() || results.iter().any(|r| r.is_err()) {
+    if rows.is_empty() || results.iter().any(|r| r.is_err()) || !state_changes(tenant, now, &state).is_empty()
+    {
         return Ok(None);
     }
-    let heads = run_heads(tenant, now, &state);
     let scope = super::db::scope_sql(tenant)?;
-    let (gate, insert) = (RunRows::gated_statement(c).await?, Rows::statement(c).await?);
-    let (head_params, row_params) = (heads.gated_params(), rows.params());
-    let (begun, scoped, gated, inserted, committed) = futures::join!(
+    let insert = Rows::statement(c).await?;
+    let row_params = rows.params();
+    let (begun, scoped, inserted, committed) = futures::join!(
         c.batch_execute("BEGIN"),
         c.batch_execute(&scope),
-        c.query_one(&gate, &head_params),
         c.execute(&insert, &row_params),
         c.batch_execute("COMMIT")
     );
@@ -384,7 +397,7 @@ async fn run_fast(
     // statements after it would have run on their own; it is checked all the same).
     begun?;
     // COMMIT answered: after any failed statement it was a rollback.
-    if let Some(e) = [scoped.err(), gated.err(), inserted.err()].into_iter().flatten().next() {
+    if let Some(e) = [scoped.err(), inserted.err()].into_iter().flatten().next() {
         tracing::debug!(error = %e, "one-round-trip group rolled back; building it again under row locks");
         return Ok(None);
     }
@@ -402,18 +415,27 @@ async fn run_group(
 ) -> std::result::Result<Built, Failed> {
     let lock = c
         .prepare_cached(
-            "SELECT run_id, last_seq, last_event_id, date_trunc('milliseconds', clock_timestamp())
+            "SELECT run_id, date_trunc('milliseconds', clock_timestamp())
              FROM runs WHERE tenant_id = $1 AND run_id = ANY($2) ORDER BY run_id FOR UPDATE",
         )
         .await?;
     let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&tenant, &runs];
-    let locked = super::db::begin_with(c, tenant, c.query(&lock, &lock_params)).await?;
-    build(c, sink, tenant, runs, slots, &locked, jobs).await
+    // The heads are read after the locks are granted (a statement of its own, sent in
+    // the same round trip), so their snapshot holds what committed meanwhile.
+    let (locked, heads) = super::db::begin_with(c, tenant, async {
+        let (locked, heads) =
+            futures::join!(c.query(&lock, &lock_params), super::rows::heads(c, tenant, runs));
+        Ok::<_, Error>((locked?, heads?))
+    })
+    .await?;
+    build(c, sink, tenant, runs, slots, &locked, &heads, jobs).await
 }
 
-/// With the group's runs locked (`rows`) in the transaction open on `c`, answers
+/// With the group's runs locked (`rows`) and their heads read (`heads`) in the
+/// transaction open on `c`, answers
 /// retries, validates each append on its own, writes the accepted ones' rows and
 /// commits; returns each append's answer, in order.
+#[allow(clippy::too_many_arguments)]
 async fn build(
     c: &deadpool_postgres::Client,
     sink: Option<&dyn CommitSink>,
@@ -421,44 +443,48 @@ async fn build(
     runs: &[String],
     slots: &[tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
     rows: &[tokio_postgres::Row],
+    heads: &HashMap<String, (i64, Option<Ulid>)>,
     jobs: &[Job],
 ) -> std::result::Result<Built, Failed> {
     let mut now: Option<DateTime<Utc>> = None;
     let mut state: HashMap<String, Locked> = HashMap::new();
     for row in rows {
         let run_id: String = row.get(0);
-        let last_seq: i64 = row.get(1);
-        let last_id: Option<String> = row.get(2);
-        now = Some(row.get(3));
+        now = Some(row.get(1));
+        let (last_seq, last_id) = heads.get(&run_id).copied().unwrap_or((0, None));
         let i = runs
             .binary_search(&run_id)
             .map_err(|_| Error::Internal(anyhow::anyhow!("locked a run that was not asked for")))?;
         let guard = match slots[i].as_ref() {
             Some(g) if g.last_seq() == last_seq => g.clone(),
-            _ => rebuild_guard(c, tenant, &run_id).await?,
+            _ => rebuild_guard(c, tenant, &run_id, last_seq).await?,
         };
         if guard.last_seq() != last_seq {
             return Err(Error::Internal(anyhow::anyhow!(
-                "run {run_id}: log ends at seq {} but the run row says {last_seq}",
+                "run {run_id}: the log ends at seq {last_seq} but its rebuilt guard at {}",
                 guard.last_seq()
             ))
             .into());
         }
         let before = guard.state();
-        let last_id = last_id.and_then(|s| Ulid::from_string(&s).ok());
-        state.insert(run_id, Locked { from_seq: last_seq, last_seq, last_id, guard, before });
+        state.insert(run_id, Locked { last_seq, last_id, guard, before });
     }
     let now = now.unwrap_or_else(Utc::now);
     let (results, rows, written) = accept(c, sink, tenant, &mut state, jobs, now).await;
     if !rows.is_empty() {
-        let heads = run_heads(tenant, now, &state);
+        let changed = state_changes(tenant, now, &state);
         let (insert, update) = (Rows::statement(c).await?, RunRows::statement(c).await?);
-        let (row_params, head_params) = (rows.params(), heads.params());
+        let (row_params, change_params) = (rows.params(), changed.params());
         // One round trip for the three. A failed INSERT or UPDATE turns the COMMIT into
         // a rollback, so nothing of the group is stored; their errors say so.
         let (inserted, updated, committed) = futures::join!(
             c.execute(&insert, &row_params),
-            c.execute(&update, &head_params),
+            async {
+                match changed.is_empty() {
+                    true => Ok(0),
+                    false => c.execute(&update, &change_params).await,
+                }
+            },
             c.batch_execute("COMMIT")
         );
         match committed {
@@ -480,16 +506,13 @@ async fn build(
     Ok((results, state, written))
 }
 
-/// The runs' heads after the group: where each now ends, and where it was before
-/// (for the gated UPDATE); `ended` is set for a run this group took to a terminal state.
-fn run_heads(tenant: &str, now: DateTime<Utc>, state: &HashMap<String, Locked>) -> RunRows {
-    let mut heads = RunRows::new(tenant, now);
+/// The runs whose state the group changes, with their new states.
+fn state_changes(tenant: &str, now: DateTime<Utc>, state: &HashMap<String, Locked>) -> RunRows {
+    let mut changed = RunRows::new(tenant, now);
     for (run_id, s) in state {
-        let st = s.guard.state();
-        let ended = st.filter(|x| x.is_terminal() && s.before != st).map(|_| now);
-        heads.push_from(s.from_seq, run_id, s.last_seq, s.last_id, st, ended);
+        changed.push(run_id, s.before, s.guard.state());
     }
-    heads
+    changed
 }
 
 /// Answers retries, validates each append on its own against its run's state (moved

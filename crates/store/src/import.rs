@@ -47,7 +47,7 @@ where
     // decisions.
     let mut guard = RunGuard::default();
     let mut rows = Rows::with_capacity(tenant, CHUNK);
-    let (mut written, mut last_id) = (0i64, None);
+    let (mut written, mut last_id, mut last_ts) = (0i64, None, run.created_at);
     loop {
         let next = events.next().await.transpose()?;
         let ended = next.is_none();
@@ -65,6 +65,7 @@ where
             let id = next_id(last_id, Utc::now());
             last_id = Some(id);
             let mid = mids.into_iter().next().flatten();
+            last_ts = imp.ts;
             rows.push(&run.run_id, seq, id, imp.ts, &imp.event, mid, None);
         }
         if rows.len() == CHUNK || (ended && !rows.is_empty()) {
@@ -80,12 +81,14 @@ where
         return Err(Error::reject(ErrorCode::BatchEmpty, "the file holds no events"));
     }
     let state = guard.state();
-    // Retention counts from the import, not from the original run's end.
-    let updated = Utc::now();
-    let ended = state.filter(|s| s.is_terminal()).map(|_| updated);
-    let mut heads = RunRows::new(tenant, updated);
-    heads.push(&run.run_id, written, last_id, state, ended);
-    tx.execute(&RunRows::statement(&tx).await?, &heads.params()).await?;
+    // Retention counts from the import (the state change is stamped now), not from the
+    // original run's end.
+    let mut changed = RunRows::new(tenant, Utc::now());
+    changed.push(&run.run_id, None, state);
+    if !changed.is_empty() {
+        tx.execute(&RunRows::statement(&tx).await?, &changed.params()).await?;
+    }
     tx.commit().await?;
-    Ok(RunInfo { last_seq: written, state, updated_at: updated, ..run })
+    // As a read of the run would say: its head is its last event.
+    Ok(RunInfo { last_seq: written, state, updated_at: last_ts, ..run })
 }

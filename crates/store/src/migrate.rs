@@ -50,6 +50,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0008_hot_run_heads.sql",
         sql: include_str!("../../../sql/0008_hot_run_heads.sql"),
     },
+    Migration {
+        version: 9,
+        name: "0009_heads_in_the_log.sql",
+        sql: include_str!("../../../sql/0009_heads_in_the_log.sql"),
+    },
 ];
 
 /// What a migration run did.

@@ -75,7 +75,9 @@ async fn expired<C: tokio_postgres::GenericClient>(
     let rows = c
         .query(
             "WITH gone AS (SELECT * FROM unnest($4::text[], $5::text[]) AS g(tenant_id, run_id))
-             SELECT r.tenant_id, r.run_id, r.state, r.ended_at, r.last_seq
+             SELECT r.tenant_id, r.run_id, r.state, r.ended_at,
+                    coalesce((SELECT max(e.seq) FROM agent_run_events e
+                              WHERE e.tenant_id = r.tenant_id AND e.run_id = r.run_id), 0)
              FROM runs r JOIN tenants t ON t.tenant_id = r.tenant_id
              WHERE r.ended_at IS NOT NULL
                AND ((r.state = 'done'

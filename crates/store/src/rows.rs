@@ -176,64 +176,65 @@ impl Rows {
     }
 }
 
-/// New heads of runs after their rows were inserted.
+/// Where each of `runs` (ids of `tenant`) ends: the seq and id of its last event, from
+/// the log ((0, None) for a run without events). In a transaction, call it after the
+/// runs' rows are locked, as a statement of its own: its snapshot then holds every
+/// event committed before the lock was granted.
+pub async fn heads<C: GenericClient>(
+    c: &C,
+    tenant: &str,
+    runs: &[String],
+) -> Result<std::collections::HashMap<String, (i64, Option<Ulid>)>> {
+    let stmt = c
+        .prepare_cached(
+            "SELECT u.run_id, h.seq, h.id FROM unnest($2::text[]) AS u(run_id)
+             LEFT JOIN LATERAL (SELECT e.seq, e.id FROM agent_run_events e
+                                WHERE e.tenant_id = $1 AND e.run_id = u.run_id
+                                ORDER BY e.seq DESC LIMIT 1) h ON true",
+        )
+        .await?;
+    let rows = c.query(&stmt, &[&tenant, &runs]).await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let seq: Option<i64> = r.get(1);
+            let id: Option<&str> = r.get(2);
+            (r.get(0), (seq.unwrap_or(0), id.and_then(|s| Ulid::from_string(s).ok())))
+        })
+        .collect())
+}
+
+/// New states of runs whose state an append changed. A run's head (its last seq and
+/// event) is the log's last row and is not copied here: only a change of state writes
+/// the run's row (migration 0009).
 pub struct RunRows {
     tenant: String,
     now: DateTime<Utc>,
     run: Vec<String>,
-    last_seq: Vec<i64>,
-    last_id: Vec<Option<String>>,
     state: Vec<Option<String>>,
     ended: Vec<Option<DateTime<Utc>>>,
-    /// Where each run's head must still be for [`RunRows::gated_statement`].
-    prev: Vec<i64>,
 }
 
 impl RunRows {
-    /// Heads of `tenant`'s runs, stamped `now` as their `updated_at`.
+    /// State changes of `tenant`'s runs, stamped `now`.
     pub fn new(tenant: &str, now: DateTime<Utc>) -> RunRows {
-        RunRows {
-            tenant: tenant.to_owned(),
-            now,
-            run: vec![],
-            last_seq: vec![],
-            last_id: vec![],
-            state: vec![],
-            ended: vec![],
-            prev: vec![],
+        RunRows { tenant: tenant.to_owned(), now, run: vec![], state: vec![], ended: vec![] }
+    }
+
+    /// `run_id` moved from state `before` to `after`; `ended` is set when it reached a
+    /// terminal state. Nothing is recorded when the state did not change.
+    pub fn push(&mut self, run_id: &str, before: Option<RunState>, after: Option<RunState>) {
+        if before == after {
+            return;
         }
-    }
-
-    /// `run_id` now ends at `last_seq` (event `last_id`) in `state`; `ended` is when it
-    /// reached a terminal state, if this write took it there.
-    pub fn push(
-        &mut self,
-        run_id: &str,
-        last_seq: i64,
-        last_id: Option<Ulid>,
-        state: Option<RunState>,
-        ended: Option<DateTime<Utc>>,
-    ) {
-        self.push_from(last_seq, run_id, last_seq, last_id, state, ended);
-    }
-
-    /// As [`RunRows::push`], for [`RunRows::gated_statement`]: the run's head must still
-    /// be at `prev_seq` when the statement runs ([`RunRows::statement`] ignores it).
-    pub fn push_from(
-        &mut self,
-        prev_seq: i64,
-        run_id: &str,
-        last_seq: i64,
-        last_id: Option<Ulid>,
-        state: Option<RunState>,
-        ended: Option<DateTime<Utc>>,
-    ) {
         self.run.push(run_id.to_owned());
-        self.last_seq.push(last_seq);
-        self.last_id.push(last_id.map(|u| u.to_string()));
-        self.state.push(state.map(|s| s.as_str().to_owned()));
-        self.ended.push(ended);
-        self.prev.push(prev_seq);
+        self.state.push(after.map(|s| s.as_str().to_owned()));
+        self.ended.push(after.filter(|s| s.is_terminal()).map(|_| self.now));
+    }
+
+    /// True when no run's state changed.
+    pub fn is_empty(&self) -> bool {
+        self.run.is_empty()
     }
 
     /// The UPDATE of [`RunRows::statement`].
@@ -244,60 +245,18 @@ impl RunRows {
     /// by hash over a scan of every run of the tenant: with 1,000 runs, a commit of two
     /// read all 1,000 (1.15 ms against 0.40 ms by key; docs/benchmarks-log.md,
     /// 2026-11-28).
-    pub const SQL: &'static str =
-        "UPDATE runs r SET last_seq = u.last_seq, last_event_id = u.last_id, state = u.state,
-                updated_at = $2, ended_at = COALESCE(u.ended_at, r.ended_at),
-                state_changed_at = CASE WHEN u.state IS DISTINCT FROM r.state THEN $2 ELSE r.state_changed_at END
-         FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[], $7::timestamptz[])
-              AS u(run_id, last_seq, last_id, state, ended_at)
-         WHERE r.tenant_id = $1 AND r.run_id = ANY($3::text[]) AND r.run_id = u.run_id
-           AND r.last_seq <> u.last_seq";
+    pub const SQL: &'static str = "UPDATE runs r SET state = u.state, updated_at = $2, state_changed_at = $2,
+                ended_at = COALESCE(u.ended_at, r.ended_at)
+         FROM unnest($3::text[], $4::text[], $5::timestamptz[]) AS u(run_id, state, ended_at)
+         WHERE r.tenant_id = $1 AND r.run_id = ANY($3::text[]) AND r.run_id = u.run_id";
 
-    /// The UPDATE, prepared once per connection; a run whose head did not move is left
-    /// alone.
+    /// The UPDATE, prepared once per connection.
     pub async fn statement<C: GenericClient>(c: &C) -> Result<Statement> {
         Ok(c.prepare_cached(Self::SQL).await?)
     }
 
     /// The statement's parameters.
-    pub fn params(&self) -> [&(dyn ToSql + Sync); 7] {
-        [&self.tenant, &self.now, &self.run, &self.last_seq, &self.last_id, &self.state, &self.ended]
-    }
-
-    /// The UPDATE without a prior row lock, for writers that built their rows from a
-    /// cached head (group commit's one-round-trip path): each run moves only if its head
-    /// is still where the rows were built on (`push_from`'s `prev_seq`), and the
-    /// statement fails (division by zero, SQLSTATE 22012) unless every run moved, so
-    /// the transaction it is in cannot commit rows built on a stale head, or rows of a
-    /// run that was deleted. Taking the row lock here also waits out a concurrent
-    /// writer of the run, and the head is then re-checked on its new version.
-    pub async fn gated_statement<C: GenericClient>(c: &C) -> Result<Statement> {
-        Ok(c.prepare_cached(Self::GATED_SQL).await?)
-    }
-
-    /// The UPDATE of [`RunRows::gated_statement`]; `ANY($3)` as in [`RunRows::SQL`].
-    pub const GATED_SQL: &'static str = "WITH moved AS (
-             UPDATE runs r SET last_seq = u.last_seq, last_event_id = u.last_id, state = u.state,
-                    updated_at = $2, ended_at = COALESCE(u.ended_at, r.ended_at),
-                state_changed_at = CASE WHEN u.state IS DISTINCT FROM r.state THEN $2 ELSE r.state_changed_at END
-             FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[], $7::timestamptz[], $8::bigint[])
-                  AS u(run_id, last_seq, last_id, state, ended_at, prev_seq)
-             WHERE r.tenant_id = $1 AND r.run_id = ANY($3::text[]) AND r.run_id = u.run_id
-               AND r.last_seq = u.prev_seq
-             RETURNING 1)
-         SELECT 1 / (count(*) = cardinality($3::text[]))::int FROM moved";
-
-    /// [`RunRows::gated_statement`]'s parameters.
-    pub fn gated_params(&self) -> [&(dyn ToSql + Sync); 8] {
-        [
-            &self.tenant,
-            &self.now,
-            &self.run,
-            &self.last_seq,
-            &self.last_id,
-            &self.state,
-            &self.ended,
-            &self.prev,
-        ]
+    pub fn params(&self) -> [&(dyn ToSql + Sync); 5] {
+        [&self.tenant, &self.now, &self.run, &self.state, &self.ended]
     }
 }

@@ -28,7 +28,16 @@ pub struct RunInfo {
     pub state: Option<RunState>,
 }
 
-const RUN_COLUMNS: &str = "run_id, parent_run_id, root_run_id, created_at, updated_at, last_seq, state";
+/// A run's columns as [`run_from_row`] reads them, from [`RUNS`]: its head (last seq,
+/// and the time of the last append) is the log's last row, not a copy in the run's row
+/// (which appends would then have to update on every commit; migration 0009).
+const RUN_COLUMNS: &str =
+    "r.run_id, r.parent_run_id, r.root_run_id, r.created_at, coalesce(h.ts, r.created_at), coalesce(h.seq, 0), r.state";
+
+/// The runs of tenant `$1`, each with its last event as `h`.
+const RUNS: &str = "runs r LEFT JOIN LATERAL (
+         SELECT e.seq, e.ts FROM agent_run_events e
+         WHERE e.tenant_id = $1 AND e.run_id = r.run_id ORDER BY e.seq DESC LIMIT 1) h ON true";
 
 fn run_from_row(r: &Row) -> RunInfo {
     RunInfo {
@@ -98,10 +107,9 @@ pub async fn insert_run(
     let root = root.unwrap_or_else(|| run_id.clone());
     let row = tx
         .query_one(
-            &format!(
-                "INSERT INTO runs (tenant_id, run_id, parent_run_id, root_run_id) VALUES ($1, $2, $3, $4)
-                 RETURNING {RUN_COLUMNS}"
-            ),
+            // A new run has no events: its head is seq 0, its last change its creation.
+            "INSERT INTO runs (tenant_id, run_id, parent_run_id, root_run_id) VALUES ($1, $2, $3, $4)
+             RETURNING run_id, parent_run_id, root_run_id, created_at, created_at, 0::bigint, state",
             &[&tenant, &run_id, &parent, &root],
         )
         .await?;
@@ -125,7 +133,7 @@ pub async fn get_run_in<C: deadpool_postgres::GenericClient>(
 ) -> Result<RunInfo> {
     let run_id = parse_run_id(run_id)?;
     let stmt = c
-        .prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1 AND run_id = $2"))
+        .prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM {RUNS} WHERE r.tenant_id = $1 AND r.run_id = $2"))
         .await?;
     let row = c.query_opt(&stmt, &[&tenant, &run_id]).await?;
     match row {
@@ -184,13 +192,13 @@ pub async fn list_runs(db: &Db, tenant: &str, q: &RunQuery) -> Result<Vec<RunInf
     let tx = tenant_tx(&mut client, tenant).await?;
     let stmt = tx
         .prepare_cached(&format!(
-            "SELECT {RUN_COLUMNS} FROM runs
-             WHERE tenant_id = $1
-               AND ($2::text IS NULL OR state = $2)
-               AND ($3::timestamptz IS NULL OR created_at >= $3)
-               AND ($4::timestamptz IS NULL OR created_at < $4)
-               AND ($5::text IS NULL OR run_id < $5)
-             ORDER BY run_id DESC LIMIT $6"
+            "SELECT {RUN_COLUMNS} FROM {RUNS}
+             WHERE r.tenant_id = $1
+               AND ($2::text IS NULL OR r.state = $2)
+               AND ($3::timestamptz IS NULL OR r.created_at >= $3)
+               AND ($4::timestamptz IS NULL OR r.created_at < $4)
+               AND ($5::text IS NULL OR r.run_id < $5)
+             ORDER BY r.run_id DESC LIMIT $6"
         ))
         .await?;
     let state = q.state.map(|s| s.as_str());
@@ -213,8 +221,8 @@ pub async fn changed_since(
     let rows = tx
         .query(
             &format!(
-                "SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1 AND state_changed_at >= $2
-                 ORDER BY state_changed_at, run_id"
+                "SELECT {RUN_COLUMNS} FROM {RUNS} WHERE r.tenant_id = $1 AND r.state_changed_at >= $2
+                 ORDER BY r.state_changed_at, r.run_id"
             ),
             &[&tenant, &since],
         )
@@ -233,9 +241,9 @@ pub async fn open_runs(db: &Db, tenant: &str, recent_secs: f64) -> Result<(Vec<R
     let rows = tx
         .query(
             &format!(
-                "SELECT {RUN_COLUMNS} FROM runs WHERE tenant_id = $1
-                   AND (state IS NULL OR state NOT IN ('done', 'aborted', 'error')
-                        OR state_changed_at >= clock_timestamp() - make_interval(secs => $2))"
+                "SELECT {RUN_COLUMNS} FROM {RUNS} WHERE r.tenant_id = $1
+                   AND (r.state IS NULL OR r.state NOT IN ('done', 'aborted', 'error')
+                        OR r.state_changed_at >= clock_timestamp() - make_interval(secs => $2))"
             ),
             &[&tenant, &recent_secs],
         )

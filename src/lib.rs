@@ -31,9 +31,10 @@
 //! # Data flow of an append
 //! HTTP body or GraphQL input → [`domain::input`] parses and checks each event →
 //! [`app::App::append`] checks the key's scope → [`storage::append`](fn@storage::append)
-//! locks the run row, answers idempotent retries, checks `expected_last_seq`, runs the
-//! batch through the run's [`domain::RunGuard`], inserts the rows and commits. Nothing is
-//! stored unless every event passed.
+//! locks the run row and reads its head from the log, answers idempotent retries, checks
+//! `expected_last_seq`, runs the batch through the run's [`domain::RunGuard`], inserts the
+//! rows and commits (the events' primary key refuses a seq another process took
+//! meanwhile, and the append is built again). Nothing is stored unless every event passed.
 
 #![warn(missing_docs)]
 

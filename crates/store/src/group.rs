@@ -237,9 +237,10 @@ impl From<tokio_postgres::Error> for Failed {
 /// cannot be learned answers its appends with [`Error::InDoubt`].
 ///
 /// The transaction is driven by hand rather than through `Transaction` so that its
-/// statements can be pipelined: BEGIN, the tenant setting and the row locks go out in
-/// one round trip, and the INSERT, the UPDATE and COMMIT in another. A group then waits
-/// on three round trips instead of six, and group commit is bound by how fast groups
+/// statements can be pipelined: BEGIN, the tenant setting, the row locks and the heads
+/// go out in one round trip, and the INSERT, the state UPDATE (if a state changed) and
+/// COMMIT in another. A group then waits on three round trips instead of six (one on
+/// the one-round-trip path), and group commit is bound by how fast groups
 /// go round (docs/benchmarks-log.md, `bench ingest-single`).
 async fn try_group(
     db: &Db,

@@ -148,9 +148,10 @@ where
     let run_id = parse_run_id(run_id)?;
     let slot = guards.slot(tenant, &run_id);
     let mut cached = slot.lock().await;
+    let to = Target { db, guards, tenant, run_id: &run_id, origin, expected_last_seq };
     let mut tries = 0;
     loop {
-        match attempt(db, guards, tenant, &run_id, origin, expected_last_seq, &mut build, &mut cached).await {
+        match attempt(&to, &mut build, &mut cached).await {
             Err(e) if e.is_seq_taken() && tries < SEQ_TAKEN_RETRIES => {
                 tries += 1;
                 tracing::debug!(run = %run_id, tries, "another process appended to the run meanwhile; building the append again");
@@ -160,22 +161,27 @@ where
     }
 }
 
-/// One try of [`append_inner`], in its own transaction; `cached` is the run's guard slot,
-/// held by the caller.
-#[allow(clippy::too_many_arguments)]
-async fn attempt<'b, F>(
-    db: &Db,
-    guards: &Guards,
-    tenant: &str,
-    run_id: &str,
+/// Where an append goes, and what it asks of the run.
+struct Target<'a> {
+    db: &'a Db,
+    guards: &'a Guards,
+    tenant: &'a str,
+    run_id: &'a str,
     origin: Origin,
     expected_last_seq: Option<i64>,
+}
+
+/// One try of [`append_inner`], in its own transaction; `cached` is the run's guard slot,
+/// held by the caller.
+async fn attempt<'b, F>(
+    to: &Target<'_>,
     build: &mut F,
     cached: &mut Option<RunGuard>,
 ) -> Result<AppendOutcome>
 where
     F: FnMut(&RunGuard) -> Result<Cow<'b, [NewEvent]>>,
 {
+    let Target { db, guards, tenant, run_id, origin, expected_last_seq } = *to;
     let run_id = run_id.to_owned();
     let mut client = db.pool.get().await?;
     let tx = tenant_tx(&mut client, tenant).await?;

@@ -38,11 +38,13 @@ impl Error {
             return false;
         };
         // On Citus the constraint is named after the shard (agent_run_events_pkey_102008),
-        // and the coordinator passes on the worker's message but not its constraint field.
-        match d.constraint() {
-            Some(c) => c.starts_with("agent_run_events_pkey"),
-            None => d.message().contains("unique constraint \"agent_run_events_pkey"),
-        }
+        // and the coordinator passes on neither the constraint field nor (in another
+        // lc_messages) words to match. A unique violation without a constraint name is
+        // then taken for a taken seq: the only rows an append inserts are events, and its
+        // other unique index, on idempotency keys, cannot be raced (appends with keys
+        // lock the run's row first), so the worst case is a few rebuilds before the
+        // error is reported.
+        d.constraint().is_none_or(|c| c.starts_with("agent_run_events_pkey"))
     }
 
     /// Shorthand for a rejection with no event index.

@@ -371,7 +371,7 @@ async fn listen_once(
     // Anything committed while we were not listening is only in the rows.
     hub.wake_all();
     let mut watched = Watched { generation: None, runs: Default::default(), tenants: Default::default() };
-    let check = client.prepare(NEWEST).await?;
+    let check = client.prepare(agent_stream_store::rows::HEADS).await?;
     while let Some(first) = rx.recv().await {
         // Everything that arrived together is checked with one read.
         let mut payloads = vec![first];
@@ -450,16 +450,9 @@ fn note_line(
     }
 }
 
-/// The newest seq of some runs of one tenant (0 for a run without events), read from the
-/// log. One statement per tenant, each naming its tenant, so on Citus each is a router
-/// query to the tenant's worker rather than one query fanned out to every shard.
-const NEWEST: &str = "SELECT r.run_id, coalesce(h.seq, 0) FROM runs r
-     LEFT JOIN LATERAL (SELECT e.seq FROM agent_run_events e WHERE e.tenant_id = $1 AND e.run_id = r.run_id
-                        ORDER BY e.seq DESC LIMIT 1) h ON true
-     WHERE r.tenant_id = $1 AND r.run_id = ANY($2)";
-
-/// [`NEWEST`] for `runs` (tenant, run), grouped by tenant; the statements go out
-/// pipelined on the one connection.
+/// The newest seq of each of `runs` (tenant, run) that still exists, by the store's one
+/// read of heads ([`HEADS`](agent_stream_store::rows::HEADS), prepared as `stmt`): one
+/// statement per tenant, pipelined on the one connection.
 async fn newest<'a>(
     c: &tokio_postgres::Client,
     stmt: &tokio_postgres::Statement,
@@ -472,8 +465,11 @@ async fn newest<'a>(
     let queries = by_tenant.iter().map(|(t, rs)| async move {
         let rows = c.query(stmt, &[t, rs]).await?;
         Ok::<_, tokio_postgres::Error>(
-            rows.into_iter()
-                .map(|r| ((*t).to_owned(), r.get::<_, String>(0), r.get::<_, i64>(1)))
+            rows.iter()
+                .map(|r| {
+                    let (run, (seq, _)) = agent_stream_store::rows::head_of(r);
+                    ((*t).to_owned(), run, seq)
+                })
                 .collect::<Vec<_>>(),
         )
     });
@@ -493,7 +489,7 @@ async fn safety_poll(url: String, schema: String, hub: std::sync::Arc<Hub>) {
             client = connect_owner(&url, &schema).await.ok();
         }
         let Some(c) = &client else { continue };
-        let rows = match c.prepare(NEWEST).await {
+        let rows = match c.prepare(agent_stream_store::rows::HEADS).await {
             Ok(stmt) => newest(c, &stmt, active.iter().map(|a| (a.0.as_str(), a.1.as_str()))).await,
             Err(e) => Err(e),
         };

@@ -176,32 +176,47 @@ impl Rows {
     }
 }
 
-/// Where each of `runs` (ids of `tenant`) ends: the seq and id of its last event, from
-/// the log ((0, None) for a run without events). In a transaction, call it after the
-/// runs' rows are locked, as a statement of its own: its snapshot then holds every
-/// event committed before the lock was granted.
+/// The last event of each run `r` of tenant `$1`, joined as `h` (`seq`, `id`, `ts`),
+/// found newest first by the events' primary key: a run's head is its last event, not a
+/// copy in its row (migration 0009). Every read of a head is built on this join.
+macro_rules! last_event_join {
+    () => {
+        "LEFT JOIN LATERAL (SELECT e.seq, e.id, e.ts FROM agent_run_events e
+                            WHERE e.tenant_id = $1 AND e.run_id = r.run_id
+                            ORDER BY e.seq DESC LIMIT 1) h ON true"
+    };
+}
+pub(crate) use last_event_join;
+
+/// A run's head: the seq and id of its last event ((0, None) before the first).
+pub type Head = (i64, Option<Ulid>);
+
+/// Where each of the runs `$2` (ids of tenant `$1`) ends, from the log, one row per run
+/// that exists; decoded by [`head_of`]. One statement naming its tenant, so on Citus it
+/// is a router query to the tenant's worker.
+pub const HEADS: &str = concat!(
+    "SELECT r.run_id, h.seq, h.id FROM runs r ",
+    last_event_join!(),
+    " WHERE r.tenant_id = $1 AND r.run_id = ANY($2)"
+);
+
+/// A row of [`HEADS`]: the run and its head.
+pub fn head_of(r: &tokio_postgres::Row) -> (String, Head) {
+    let seq: Option<i64> = r.get(1);
+    let id: Option<&str> = r.get(2);
+    (r.get(0), (seq.unwrap_or(0), id.and_then(|s| Ulid::from_string(s).ok())))
+}
+
+/// [`HEADS`] of `runs` (ids of `tenant`); a run that does not exist (or was deleted) is
+/// absent. In a transaction, call it after the runs' rows are locked, as a statement of
+/// its own: its snapshot then holds every event committed before the lock was granted.
 pub async fn heads<C: GenericClient>(
     c: &C,
     tenant: &str,
     runs: &[String],
-) -> Result<std::collections::HashMap<String, (i64, Option<Ulid>)>> {
-    let stmt = c
-        .prepare_cached(
-            "SELECT u.run_id, h.seq, h.id FROM unnest($2::text[]) AS u(run_id)
-             LEFT JOIN LATERAL (SELECT e.seq, e.id FROM agent_run_events e
-                                WHERE e.tenant_id = $1 AND e.run_id = u.run_id
-                                ORDER BY e.seq DESC LIMIT 1) h ON true",
-        )
-        .await?;
-    let rows = c.query(&stmt, &[&tenant, &runs]).await?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let seq: Option<i64> = r.get(1);
-            let id: Option<&str> = r.get(2);
-            (r.get(0), (seq.unwrap_or(0), id.and_then(|s| Ulid::from_string(s).ok())))
-        })
-        .collect())
+) -> Result<std::collections::HashMap<String, Head>> {
+    let stmt = c.prepare_cached(HEADS).await?;
+    Ok(c.query(&stmt, &[&tenant, &runs]).await?.iter().map(head_of).collect())
 }
 
 /// New states of runs whose state an append changed. A run's head (its last seq and

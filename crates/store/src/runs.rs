@@ -35,9 +35,7 @@ const RUN_COLUMNS: &str =
     "r.run_id, r.parent_run_id, r.root_run_id, r.created_at, coalesce(h.ts, r.created_at), coalesce(h.seq, 0), r.state";
 
 /// The runs of tenant `$1`, each with its last event as `h`.
-const RUNS: &str = "runs r LEFT JOIN LATERAL (
-         SELECT e.seq, e.ts FROM agent_run_events e
-         WHERE e.tenant_id = $1 AND e.run_id = r.run_id ORDER BY e.seq DESC LIMIT 1) h ON true";
+const RUNS: &str = concat!("runs r ", crate::rows::last_event_join!());
 
 fn run_from_row(r: &Row) -> RunInfo {
     RunInfo {

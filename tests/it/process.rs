@@ -169,6 +169,19 @@ impl Serve {
             .sum()
     }
 
+    /// Waits (up to 30 s) for the subscriber gauge to reach 0: stall timers fire late
+    /// on a busy machine, and the kernel's zero-window probes back off. Returns the
+    /// subscribers left and how long it took.
+    pub async fn subscribers_gone(&self) -> (f64, Duration) {
+        let started = std::time::Instant::now();
+        let mut left = self.subscribers().await;
+        while left > 0.0 && started.elapsed() < Duration::from_secs(30) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            left = self.subscribers().await;
+        }
+        (left, started.elapsed())
+    }
+
     fn status_kib(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
         status

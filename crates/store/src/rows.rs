@@ -178,7 +178,8 @@ impl Rows {
 
 /// The last event of each run `r` of tenant `$1`, joined as `h` (`seq`, `id`, `ts`),
 /// found newest first by the events' primary key: a run's head is its last event, not a
-/// copy in its row (migration 0009). Every read of a head is built on this join.
+/// copy in its row (migration 0009). Every read of a head is built on this join; a macro
+/// rather than a `const` so that `concat!` can build those statements at compile time.
 macro_rules! last_event_join {
     () => {
         "LEFT JOIN LATERAL (SELECT e.seq, e.id, e.ts FROM agent_run_events e

@@ -324,27 +324,18 @@ where
 /// One filter made of the two, not one layer filtered twice: with nested per-layer
 /// filters the registry built every span the inner filter refused.
 ///
-/// The driver rule is decided once per callsite and declares that it passes every level,
-/// so the pair's level hint is `filter`'s: below it, `debug!` and the `log` records of
-/// dependencies (the driver's, per statement) stop at a level check instead of reaching
-/// the filters on every call.
+/// The driver rule declares that it passes every level, so the pair's level hint is
+/// `filter`'s (without a hint it would be none, i.e. TRACE): below it, `debug!` and the
+/// `log` records of dependencies (the driver's, per statement) stop at a level check
+/// instead of reaching the filters on every call.
 fn log_filter<S>(filter: tracing_subscriber::filter::EnvFilter) -> impl tracing_subscriber::layer::Filter<S>
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
-    use tracing_subscriber::filter::{DynFilterFn, FilterExt, LevelFilter};
-    fn allowed(m: &tracing::Metadata<'_>) -> bool {
-        !(m.target().starts_with("tokio_postgres") && *m.level() > tracing::Level::INFO)
-    }
-    let no_parameters = DynFilterFn::new(|m, _| allowed(m))
-        .with_callsite_filter(|m| {
-            if allowed(m) {
-                tracing::subscriber::Interest::always()
-            } else {
-                tracing::subscriber::Interest::never()
-            }
-        })
-        .with_max_level_hint(LevelFilter::TRACE);
+    use tracing_subscriber::filter::{filter_fn, FilterExt, LevelFilter};
+    let no_parameters =
+        filter_fn(|m| !(m.target().starts_with("tokio_postgres") && *m.level() > tracing::Level::INFO))
+            .with_max_level_hint(LevelFilter::TRACE);
     filter.and(no_parameters)
 }
 

@@ -477,7 +477,8 @@ async fn newest<'a>(
 }
 
 async fn safety_poll(url: String, schema: String, hub: std::sync::Arc<Hub>) {
-    let mut client = None;
+    // The connection and its statement, prepared once per connection.
+    let mut conn = None;
     let mut tick = tokio::time::interval(SAFETY_POLL);
     loop {
         tick.tick().await;
@@ -485,15 +486,16 @@ async fn safety_poll(url: String, schema: String, hub: std::sync::Arc<Hub>) {
         if active.is_empty() {
             continue;
         }
-        if client.is_none() {
-            client = connect_owner(&url, &schema).await.ok();
+        if conn.is_none() {
+            if let Ok(c) = connect_owner(&url, &schema).await {
+                match c.prepare(agent_stream_store::rows::HEADS).await {
+                    Ok(stmt) => conn = Some((c, stmt)),
+                    Err(e) => tracing::warn!(error = %e, "safety poll failed"),
+                }
+            }
         }
-        let Some(c) = &client else { continue };
-        let rows = match c.prepare(agent_stream_store::rows::HEADS).await {
-            Ok(stmt) => newest(c, &stmt, active.iter().map(|a| (a.0.as_str(), a.1.as_str()))).await,
-            Err(e) => Err(e),
-        };
-        match rows {
+        let Some((c, stmt)) = &conn else { continue };
+        match newest(c, stmt, active.iter().map(|a| (a.0.as_str(), a.1.as_str()))).await {
             Ok(rows) => {
                 for (tenant, run, seq) in rows {
                     hub.publish(&tenant, &run, seq);
@@ -501,7 +503,7 @@ async fn safety_poll(url: String, schema: String, hub: std::sync::Arc<Hub>) {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "safety poll failed");
-                client = None;
+                conn = None;
             }
         }
     }

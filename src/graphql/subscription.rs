@@ -199,8 +199,9 @@ impl Subscription {
     }
 
     /// The tenant's runs as they are created and change lifecycle state, for list
-    /// pages: each item is a run's current row (upsert it by `runId`). Starts with
-    /// runs that change after the subscription begins.
+    /// pages: each item is a run's current row (upsert it by `runId`). Starts with the
+    /// runs created or moved in the 5 s before the subscription began (so a list read
+    /// just before it misses nothing), then every change.
     async fn runs_activity(
         &self,
         ctx: &Context<'_>,

@@ -888,6 +888,19 @@ mod graphql_ws {
     #[tokio::test]
     async fn runs_activity_reports_created_runs_and_state_changes_of_its_tenant_only() {
         let t = TestApp::new().await;
+        // Made a minute ago (backdated as the owner): listed, not activity.
+        let ancient = t.create_run(&t.key_a).await;
+        t.db.owner()
+            .await
+            .execute(
+                "UPDATE runs SET created_at = now() - interval '1 minute',
+                                 state_changed_at = now() - interval '1 minute' WHERE run_id = $1",
+                &[&ancient],
+            )
+            .await
+            .expect("backdate");
+        // Made just before the subscription: a page that listed the runs a moment
+        // earlier has not seen it, so the stream starts with it.
         let old = t.create_run(&t.key_a).await;
         let mut ws = connect(&t, "graphql-transport-ws", &t.key_a).await;
         assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack");
@@ -901,6 +914,7 @@ mod graphql_ws {
             let a = &m["payload"]["data"]["runsActivity"];
             (a["kind"].as_str().unwrap_or("?").to_owned(), a["run"]["id"].clone(), a["run"]["state"].clone())
         }
+        assert_eq!(next(&mut ws).await, ("CREATED".into(), json!(old), Value::Null));
         let _other_tenant = t.create_run(&t.key_b).await;
         let run = t.create_run(&t.key_a).await;
         assert_eq!(next(&mut ws).await, ("CREATED".into(), json!(run), Value::Null));
@@ -933,8 +947,14 @@ mod graphql_ws {
             send(&mut ws, json!({"id": "1", "type": "subscribe", "payload": {"query": q}})).await;
             sockets.push(ws);
         }
-        // The subscriptions take their starting points before anything changes.
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        // Each stream starts with the two runs made just before it.
+        for ws in sockets.iter_mut() {
+            for run in &runs {
+                let m = recv(ws).await.expect("activity");
+                let a = &m["payload"]["data"]["runsActivity"];
+                assert_eq!((&a["kind"], &a["run"]["id"]), (&json!("CREATED"), &json!(run)), "{m}");
+            }
+        }
         let before = t.app.live.feeds.reads();
         let changes = [(0, "running"), (1, "running"), (0, "paused"), (1, "done")];
         for &(i, state) in changes.iter().take(CHANGES) {

@@ -110,7 +110,7 @@ async fn tenant_feed(
 #[cfg_attr(feature = "graphql", derive(async_graphql::Enum))]
 #[serde(rename_all = "snake_case")]
 pub enum ActivityKind {
-    /// The run was created after the stream started.
+    /// The run was created after the stream started (or just before: see [`stream`]).
     Created,
     /// The run's lifecycle state changed.
     StateChanged,
@@ -136,21 +136,31 @@ struct Watching {
     queue: VecDeque<RunActivity>,
 }
 
-/// The tenant's run activity from now on.
+/// The tenant's run activity from now on, starting with the runs created or moved in
+/// the last `OVERLAP`.
+///
+/// A client lists the runs and then subscribes (or subscribes and lists while the
+/// subscription starts); a run created or moved between its list and this stream's
+/// snapshot would be in neither. So what moved within `OVERLAP` before the snapshot is
+/// reported first, as `Created` (made in that window) or `StateChanged`: a client
+/// that listed it already just sets it again.
 pub async fn stream(live: Arc<Live>, who: Principal) -> Result<impl Stream<Item = RunActivity>> {
     let (open, now) = open_runs(&live.db, &who.tenant_id, 2.0 * OVERLAP.as_seconds_f64()).await?;
     // Joined after the snapshot: what changes in between is in the feed's next read,
     // which looks `OVERLAP` back.
     let reads = live.activity.join(&live, &who.tenant_id, now);
-    let known = open.into_iter().map(|r| (r.run_id, (r.state, r.updated_at))).collect();
-    let w = Watching {
-        db: live.db.clone(),
-        tenant: who.tenant_id,
-        reads,
-        since: now,
-        known,
-        queue: VecDeque::new(),
-    };
+    let recent = now - OVERLAP;
+    let mut known = HashMap::with_capacity(open.len());
+    let mut queue = VecDeque::new();
+    for (run, moved_at) in open {
+        known.insert(run.run_id.clone(), (run.state, run.updated_at));
+        if moved_at >= recent {
+            let kind =
+                if run.created_at >= recent { ActivityKind::Created } else { ActivityKind::StateChanged };
+            queue.push_back(RunActivity { kind, run });
+        }
+    }
+    let w = Watching { db: live.db.clone(), tenant: who.tenant_id, reads, since: now, known, queue };
     Ok(futures::stream::unfold(w, |mut w| async move {
         loop {
             if let Some(a) = w.queue.pop_front() {

@@ -231,23 +231,29 @@ pub async fn changed_since(
 }
 
 /// The tenant's runs that can still change (not in a terminal state) or whose state
-/// changed in the last `recent_secs` seconds, with the database's clock.
-pub async fn open_runs(db: &Db, tenant: &str, recent_secs: f64) -> Result<(Vec<RunInfo>, DateTime<Utc>)> {
+/// changed in the last `recent_secs` seconds, each with the time its state last moved
+/// (its creation counts), oldest move first, and the database's clock.
+pub async fn open_runs(
+    db: &Db,
+    tenant: &str,
+    recent_secs: f64,
+) -> Result<(Vec<(RunInfo, DateTime<Utc>)>, DateTime<Utc>)> {
     let mut client = db.pool.get().await?;
     let tx = tenant_tx(&mut client, tenant).await?;
     let now: DateTime<Utc> = tx.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
     let rows = tx
         .query(
             &format!(
-                "SELECT {RUN_COLUMNS} FROM {RUNS} WHERE r.tenant_id = $1
+                "SELECT {RUN_COLUMNS}, r.state_changed_at FROM {RUNS} WHERE r.tenant_id = $1
                    AND (r.state IS NULL OR r.state NOT IN ('done', 'aborted', 'error')
-                        OR r.state_changed_at >= clock_timestamp() - make_interval(secs => $2))"
+                        OR r.state_changed_at >= clock_timestamp() - make_interval(secs => $2))
+                 ORDER BY r.state_changed_at, r.run_id"
             ),
             &[&tenant, &recent_secs],
         )
         .await?;
     tx.commit().await?;
-    Ok((rows.iter().map(run_from_row).collect(), now))
+    Ok((rows.iter().map(|r| (run_from_row(r), r.get(7))).collect(), now))
 }
 
 /// A new run id, greater than every run id this process made before: runs are listed

@@ -132,7 +132,11 @@ function drawRuns() {
 async function loadRuns() {
   try {
     const d = await gql(`{ runs(first: 100) { nodes { ${RUN_FIELDS} } } }`);
-    for (const r of d.runs.nodes) runs.set(r.id, r);
+    // The list may answer after the subscription's first items: keep the newer row.
+    for (const r of d.runs.nodes) {
+      const had = runs.get(r.id);
+      if (!had || had.lastSeq <= r.lastSeq) runs.set(r.id, r);
+    }
     drawRuns();
   } catch (e) {
     say(`Could not list the runs: ${e.message}`, true);
@@ -143,8 +147,8 @@ function followRuns() {
   socket.subscribe(
     `subscription { runsActivity { kind run { ${RUN_FIELDS} } } }`,
     () => {
-      // runsActivity starts with changes after it begins: read the list again at every
-      // (re)start so nothing made while the socket was away is missing.
+      // runsActivity starts with what moved in the 5 s before it began: read the list
+      // again at every (re)start so nothing made while the socket was away is missing.
       loadRuns();
       return {};
     },

@@ -509,6 +509,59 @@ async fn concurrent_appends_from_two_instances_to_the_same_runs_are_all_stored_o
     }
 }
 
+/// A writer that holds a run's row lock and writer key (as the single-append path of
+/// another process does) is never overtaken by this process's one-round-trip group,
+/// which takes no row lock: the group waits for it rather than taking the seq it has
+/// read the head for. A busy one-round-trip writer used to win that race on every
+/// retry, and the locked append then failed with 500 after five.
+#[tokio::test]
+async fn a_locked_writer_is_not_overtaken_by_a_one_round_trip_group() {
+    use agent_stream::storage::rows::{writer_keys, HOLD_RUNS};
+    let t = std::sync::Arc::new(TestApp::new().await);
+    let run = t.create_run(&t.key_a).await;
+    // This process's lane now knows the run's head: the next keyless single append
+    // goes out in one round trip.
+    t.append_ok(&t.key_a, &run, json!([{"type": "custom.tick", "payload": {"n": 1}}])).await;
+    let mut other = t.db.owner().await;
+    let tx = other.transaction().await.expect("begin");
+    // By tenant and run: Citus routes a row lock only by its distribution column.
+    tx.query_one("SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE", &[&t.tenant_a, &run])
+        .await
+        .expect("row lock");
+    tx.execute(HOLD_RUNS, &[&writer_keys([&run])]).await.expect("writer key");
+    let head: i64 = tx
+        .query_one(
+            "SELECT max(seq) FROM agent_run_events WHERE tenant_id = $1 AND run_id = $2",
+            &[&t.tenant_a, &run],
+        )
+        .await
+        .expect("head")
+        .get(0);
+    assert_eq!(head, 1);
+    let append = {
+        let (t, run) = (t.clone(), run.clone());
+        tokio::spawn(async move {
+            t.append_ok(&t.key_a, &run, json!([{"type": "custom.tick", "payload": {"n": 2}}])).await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!append.is_finished(), "an append committed past a writer holding the run");
+    // The locked writer's row goes where it read the head to be.
+    tx.execute(
+        "INSERT INTO agent_run_events (tenant_id, run_id, seq, id, ts, type, payload)
+         VALUES ($1, $2, 2, '01J0000000000000000000000Z', now(), 'custom.other_process', '{}')",
+        &[&t.tenant_a, &run],
+    )
+    .await
+    .expect("the locked writer's seq is still free");
+    tx.commit().await.expect("commit");
+    let (first, _) = tokio::time::timeout(std::time::Duration::from_secs(10), append)
+        .await
+        .expect("the append went on once the writer committed")
+        .expect("append task");
+    assert_eq!(first, 3);
+}
+
 /// The UPDATEs that move runs' heads find their runs by key in the plan PostgreSQL
 /// caches for them. A prepared statement gets a generic plan after its fifth run, and
 /// in one the array's length is unknown: joining it to `runs` by hash over a scan of the

@@ -1,11 +1,12 @@
 //! The append path: validated, atomic, gapless, idempotent.
 //!
 //! One transaction per batch:
-//! 1. lock the run row (`FOR UPDATE`), then read the run's head (its last event) from
-//!    the log: appends to one run that read the head are serialised, and one built on a
-//!    head another writer has moved meanwhile (group commit's one-round-trip path,
-//!    which takes no row lock) is refused by the events' primary key and built again,
-//!    so seqs are handed out in commit order and readers only ever see a gapless prefix;
+//! 1. lock the run row (`FOR UPDATE`) and its writer key ([`HOLD_RUNS`](crate::rows::HOLD_RUNS),
+//!    which keeps group commit's one-round-trip path, that takes no row lock, off the
+//!    run), then read the run's head (its last event) from the log: appends to one run
+//!    are serialised, and one built on a head that moved anyway is refused by the
+//!    events' primary key and built again, so seqs are handed out in commit order and
+//!    readers only ever see a gapless prefix;
 //! 2. answer retries: if every event's idempotency key is already stored with the same
 //!    content, return the original seqs and write nothing;
 //! 3. check `expected_last_seq`;
@@ -156,6 +157,15 @@ where
                 tries += 1;
                 tracing::debug!(run = %run_id, tries, "another process appended to the run meanwhile; building the append again");
             }
+            // Nothing was stored, and a retry (with the same idempotency keys) is safe:
+            // say so, rather than 500.
+            Err(e) if e.is_seq_taken() => {
+                tracing::warn!(run = %run_id, error = %e, "an append lost the race for its seqs on every try");
+                return Err(Error::reject(
+                    ErrorCode::Unavailable,
+                    "other writers kept taking the run's next seqs; nothing was stored, retry",
+                ));
+            }
             out => return out,
         }
     }
@@ -191,15 +201,22 @@ where
              FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE",
         )
         .await?;
-    // The head is read by a statement of its own, sent with the lock and run after it, so
-    // that its snapshot holds whatever committed while the lock was awaited.
+    let hold = tx.prepare_cached(crate::rows::HOLD_RUNS).await?;
+    // The head is read by a statement of its own, sent with the locks and run after
+    // them, so that its snapshot holds whatever committed while they were awaited.
     let ids = [run_id.clone()];
+    let keys = crate::rows::writer_keys(&ids);
+    let key_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&keys];
     let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&tenant, &run_id];
-    let (locked, heads) =
-        futures::join!(tx.query_opt(&lock, &lock_params), crate::rows::heads(&tx, tenant, &ids));
+    let (locked, held, heads) = futures::join!(
+        tx.query_opt(&lock, &lock_params),
+        tx.execute(&hold, &key_params),
+        crate::rows::heads(&tx, tenant, &ids)
+    );
     let Some(row) = locked? else {
         return Err(run_not_found(&run_id));
     };
+    held?;
     let now: DateTime<Utc> = row.get(0);
     let (last_seq, last_id) = heads?.remove(&run_id).unwrap_or((0, None));
 

@@ -377,11 +377,15 @@ async fn run_fast(
         return Ok(None);
     }
     let scope = super::db::scope_sql(tenant)?;
+    let claim = c.prepare_cached(super::rows::CLAIM_UNLOCKED).await?;
     let insert = Rows::statement(c).await?;
+    let keys = super::rows::writer_keys(state.keys());
+    let key_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&keys];
     let row_params = rows.params();
-    let (begun, scoped, inserted, committed) = futures::join!(
+    let (begun, scoped, claimed, inserted, committed) = futures::join!(
         c.batch_execute("BEGIN"),
         c.batch_execute(&scope),
+        c.execute(&claim, &key_params),
         c.execute(&insert, &row_params),
         c.batch_execute("COMMIT")
     );
@@ -398,7 +402,7 @@ async fn run_fast(
     // statements after it would have run on their own; it is checked all the same).
     begun?;
     // COMMIT answered: after any failed statement it was a rollback.
-    if let Some(e) = [scoped.err(), inserted.err()].into_iter().flatten().next() {
+    if let Some(e) = [scoped.err(), claimed.err(), inserted.err()].into_iter().flatten().next() {
         tracing::debug!(error = %e, "one-round-trip group rolled back; building it again under row locks");
         return Ok(None);
     }
@@ -420,12 +424,19 @@ async fn run_group(
              FROM runs WHERE tenant_id = $1 AND run_id = ANY($2) ORDER BY run_id FOR UPDATE",
         )
         .await?;
+    let hold = c.prepare_cached(super::rows::HOLD_RUNS).await?;
     let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&tenant, &runs];
+    let keys = super::rows::writer_keys(runs);
+    let key_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&keys];
     // The heads are read after the locks are granted (a statement of its own, sent in
     // the same round trip), so their snapshot holds what committed meanwhile.
     let (locked, heads) = super::db::begin_with(c, tenant, async {
-        let (locked, heads) =
-            futures::join!(c.query(&lock, &lock_params), super::rows::heads(c, tenant, runs));
+        let (locked, held, heads) = futures::join!(
+            c.query(&lock, &lock_params),
+            c.execute(&hold, &key_params),
+            super::rows::heads(c, tenant, runs)
+        );
+        held?;
         Ok::<_, Error>((locked?, heads?))
     })
     .await?;

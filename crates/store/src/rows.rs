@@ -220,6 +220,35 @@ pub async fn heads<C: GenericClient>(
     Ok(c.query(&stmt, &[&tenant, &runs]).await?.iter().map(head_of).collect())
 }
 
+/// The advisory-lock key of a run's writers: the low 64 bits of its ULID (its random
+/// part). Two runs sharing a key only ever wait for each other, never write wrongly.
+fn writer_key(run_id: &str) -> i64 {
+    Ulid::from_string(run_id).map_or(0, |u| u128::from(u) as u64 as i64)
+}
+
+/// The writer keys of `runs`, in their order.
+pub fn writer_keys<S: AsRef<str>>(runs: impl IntoIterator<Item = S>) -> Vec<i64> {
+    runs.into_iter().map(|r| writer_key(r.as_ref())).collect()
+}
+
+/// Locked writers (the single-append path, locked groups) take their runs' writer keys
+/// exclusively, right after the runs' row locks and before reading the heads: that
+/// waits out every one-round-trip group already writing to them (which holds the keys
+/// shared, [`CLAIM_UNLOCKED`]) and turns away the ones that come after, so a writer
+/// holding the row lock never builds on a head that moves under it. Without this, a
+/// busy one-round-trip writer in another process could take the seqs of a locked one
+/// on every retry. `$1`: [`writer_keys`]. On Citus it runs on the coordinator, where
+/// [`CLAIM_UNLOCKED`] runs too.
+pub const HOLD_RUNS: &str = "SELECT pg_advisory_xact_lock(k) FROM unnest($1::int8[]) k";
+
+/// The one-round-trip path's claim on its runs: their writer keys, shared, without
+/// waiting. If a locked writer holds or awaits one, it divides by zero: the error
+/// aborts the transaction, so the INSERT and COMMIT pipelined after it store nothing
+/// and the group is built again under row locks. (An error is the only way to stop
+/// statements already sent; a constant `1/0` would be folded and raised when planned.)
+pub const CLAIM_UNLOCKED: &str =
+    "SELECT 1 / bool_and(pg_try_advisory_xact_lock_shared(k))::int FROM unnest($1::int8[]) k";
+
 /// New states of runs whose state an append changed. A run's head (its last seq and
 /// event) is the log's last row and is not copied here: only a change of state writes
 /// the run's row (migration 0009).

@@ -350,7 +350,8 @@ fn hand_over(sink: &dyn CommitSink, tenant: &str, written: Vec<Event>) {
 /// (that writes the run's row, under its lock): BEGIN, the tenant setting, the INSERT
 /// and COMMIT are sent together. No row of `runs` is read or written: if another
 /// process appended to a run since, the events' primary key refuses the rows built on
-/// the old head, and the COMMIT then ends in a rollback.
+/// the old head, and the COMMIT then ends in a rollback; if a locked writer holds one
+/// of the runs, the INSERT's claim on it fails ([`Rows::claiming_statement`]), likewise.
 ///
 /// `Ok(Some)`: committed. `Ok(None)`: nothing was stored and the connection is idle
 /// again: a run moved, an append was refused, or a statement failed; the caller builds
@@ -377,16 +378,15 @@ async fn run_fast(
         return Ok(None);
     }
     let scope = super::db::scope_sql(tenant)?;
-    let claim = c.prepare_cached(super::rows::CLAIM_UNLOCKED).await?;
-    let insert = Rows::statement(c).await?;
+    let insert = Rows::claiming_statement(c).await?;
     let keys = super::rows::writer_keys(state.keys());
-    let key_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&keys];
-    let row_params = rows.params();
-    let (begun, scoped, claimed, inserted, committed) = futures::join!(
+    let mut params = Vec::with_capacity(11);
+    params.extend(rows.params());
+    params.push(&keys as &(dyn tokio_postgres::types::ToSql + Sync));
+    let (begun, scoped, inserted, committed) = futures::join!(
         c.batch_execute("BEGIN"),
         c.batch_execute(&scope),
-        c.execute(&claim, &key_params),
-        c.execute(&insert, &row_params),
+        c.execute(&insert, &params),
         c.batch_execute("COMMIT")
     );
     match committed {
@@ -402,7 +402,7 @@ async fn run_fast(
     // statements after it would have run on their own; it is checked all the same).
     begun?;
     // COMMIT answered: after any failed statement it was a rollback.
-    if let Some(e) = [scoped.err(), claimed.err(), inserted.err()].into_iter().flatten().next() {
+    if let Some(e) = [scoped.err(), inserted.err()].into_iter().flatten().next() {
         tracing::debug!(error = %e, "one-round-trip group rolled back; building it again under row locks");
         return Ok(None);
     }

@@ -1,8 +1,8 @@
 //! The one writer of the log. Single appends ([`append`](fn@crate::append)), group commit
 //! ([`group`](crate::group)) and import ([`import`](crate::import)) all check their
-//! events with [`check`], gather rows in [`Rows`], insert them with [`Rows::insert`]'s
-//! statement, and move their runs' rows with [`RunRows`]: one definition of what a stored
-//! event is, so the three cannot drift apart.
+//! events with [`check`], gather rows in [`Rows`], insert them with [`Rows::statement`]
+//! (or its claiming twin), and move their runs' rows with [`RunRows`]: one definition
+//! of what a stored event is, so the three cannot drift apart.
 //!
 //! Payloads go as text and are cast per row: a `jsonb[]` parameter is parsed whole
 //! while the statement is bound, in memory held until it ends (megabytes for 1,000
@@ -169,7 +169,8 @@ impl Rows {
     /// the error aborts the transaction, so that the COMMIT pipelined after it stores
     /// nothing and the group is built again under row locks (see [`HOLD_RUNS`]). The
     /// claim is a one-time filter of the INSERT rather than a statement of its own: a
-    /// statement more per group cost about 8% of the throughput of single appends. (An
+    /// statement more per group cost about 9% of the throughput of single appends, the
+    /// filter about 5% (docs/benchmarks-log.md, 2026-11-29 13:26). (An
     /// error is the only way to stop statements already sent; a constant `1/0` would
     /// be folded, and raised, when planned.)
     pub async fn claiming_statement<C: GenericClient>(c: &C) -> Result<Statement> {
@@ -257,8 +258,8 @@ pub fn writer_keys<S: AsRef<str>>(runs: impl IntoIterator<Item = S>) -> Vec<i64>
 /// Locked writers (the single-append path, locked groups) take their runs' writer keys
 /// exclusively, right after the runs' row locks and before reading the heads: that
 /// waits out every one-round-trip group already writing to them (which holds the keys
-/// shared, [`Rows::claiming_statement`]) and turns away the ones that come after, so a writer
-/// holding the row lock never builds on a head that moves under it. Without this, a
+/// shared, [`Rows::claiming_statement`]) and turns away the ones that come after, so a
+/// writer holding the row lock never builds on a head that moves under it. Without this, a
 /// busy one-round-trip writer in another process could take the seqs of a locked one
 /// on every retry. `$1`: [`writer_keys`]. On Citus it runs on the coordinator, as does
 /// the claim (the INSERT's rows come from the coordinator).

@@ -3,7 +3,7 @@
 //! cleartext or TLS as the listener is) goes to tonic's generated server; the same path
 //! with any other content type gets our `415`.
 //!
-//! The events come from the same [`super::stream::open`] path as SSE and the WebSocket
+//! The events come from the same `http::stream::open` path as SSE and the WebSocket
 //! profile (tail, resume filter, shaper, shedder), so R1–R4 hold as there. Each item
 //! becomes one `Event` message: the native envelope in proto3, the payload as JSON
 //! bytes (see `proto/agent/v1/agent_stream.proto` for why not `Struct`). A stream that

@@ -11,7 +11,7 @@
 //! - a group whose runs' heads the lane already knows (from its last commit of them,
 //!   less than [`HEAD_TTL`] ago), which changes no run's state and carries no
 //!   idempotency keys goes out in one round trip and writes nothing but its events
-//!   ([`run_fast`]); a run that moved meanwhile (another process appended) makes the
+//!   (`run_fast`); a run that moved meanwhile (another process appended) makes the
 //!   events' primary key refuse it, and it is built again under row locks as any other
 //!   group;
 //! - if the shared transaction fails (a race on an idempotency key, a lost

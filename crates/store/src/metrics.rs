@@ -60,7 +60,7 @@ fn latency() -> Histogram {
     Histogram::new(latency_bounds())
 }
 
-/// A latency histogram (the buckets of [`latency_bounds`]) that takes a batch of observations
+/// A latency histogram (the buckets of `latency_bounds`) that takes a batch of observations
 /// at once, without a lock.
 ///
 /// Hand-written because `prometheus-client`'s `Histogram` takes a mutex per

@@ -201,22 +201,17 @@ where
              FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE",
         )
         .await?;
-    let hold = tx.prepare_cached(crate::rows::HOLD_RUNS).await?;
-    // The head is read by a statement of its own, sent with the locks and run after
-    // them, so that its snapshot holds whatever committed while they were awaited.
+    // The head is read by a statement of its own, sent with the lock and run after it, so
+    // that its snapshot holds whatever committed while the lock was awaited.
     let ids = [run_id.clone()];
-    let keys = crate::rows::writer_keys(&ids);
-    let key_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&keys];
     let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&tenant, &run_id];
-    let (locked, held, heads) = futures::join!(
+    let (locked, heads) = futures::join!(
         tx.query_opt(&lock, &lock_params),
-        tx.execute(&hold, &key_params),
-        crate::rows::heads(&tx, tenant, &ids)
+        crate::rows::hold_and_read_heads(&tx, tenant, &ids)
     );
     let Some(row) = locked? else {
         return Err(run_not_found(&run_id));
     };
-    held?;
     let now: DateTime<Utc> = row.get(0);
     let (last_seq, last_id) = heads?.remove(&run_id).unwrap_or((0, None));
 

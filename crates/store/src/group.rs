@@ -424,19 +424,12 @@ async fn run_group(
              FROM runs WHERE tenant_id = $1 AND run_id = ANY($2) ORDER BY run_id FOR UPDATE",
         )
         .await?;
-    let hold = c.prepare_cached(super::rows::HOLD_RUNS).await?;
     let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&tenant, &runs];
-    let keys = super::rows::writer_keys(runs);
-    let key_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&keys];
     // The heads are read after the locks are granted (a statement of its own, sent in
     // the same round trip), so their snapshot holds what committed meanwhile.
     let (locked, heads) = super::db::begin_with(c, tenant, async {
-        let (locked, held, heads) = futures::join!(
-            c.query(&lock, &lock_params),
-            c.execute(&hold, &key_params),
-            super::rows::heads(c, tenant, runs)
-        );
-        held?;
+        let (locked, heads) =
+            futures::join!(c.query(&lock, &lock_params), super::rows::hold_and_read_heads(c, tenant, runs));
         Ok::<_, Error>((locked?, heads?))
     })
     .await?;

@@ -265,6 +265,23 @@ pub fn writer_keys<S: AsRef<str>>(runs: impl IntoIterator<Item = S>) -> Vec<i64>
 /// the claim (the INSERT's rows come from the coordinator).
 pub const HOLD_RUNS: &str = "SELECT pg_advisory_xact_lock(k) FROM unnest($1::int8[]) k";
 
+/// A locked writer's read of its runs' heads: takes their writer keys ([`HOLD_RUNS`])
+/// and then reads the [`heads`], each a statement of its own, sent together. Poll it
+/// right after sending the runs' row locks, in the same round trip: the heads' snapshot
+/// then holds whatever committed while the locks and the keys were awaited.
+pub async fn hold_and_read_heads<C: GenericClient>(
+    c: &C,
+    tenant: &str,
+    runs: &[String],
+) -> Result<std::collections::HashMap<String, Head>> {
+    let hold = c.prepare_cached(HOLD_RUNS).await?;
+    let keys = writer_keys(runs);
+    let key_params: [&(dyn ToSql + Sync); 1] = [&keys];
+    let (held, heads) = futures::join!(c.execute(&hold, &key_params), heads(c, tenant, runs));
+    held?;
+    heads
+}
+
 /// New states of runs whose state an append changed. A run's head (its last seq and
 /// event) is the log's last row and is not copied here: only a change of state writes
 /// the run's row (migration 0009).

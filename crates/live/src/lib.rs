@@ -61,6 +61,8 @@ use agent_stream_store::db::{connect_owner, quote_ident};
 pub const SAFETY_POLL: Duration = Duration::from_secs(2);
 /// How long the notifier gathers pointers before one NOTIFY.
 const COALESCE: Duration = Duration::from_millis(3);
+/// Most runs whose notification tokens the notifier keeps.
+const TOKENS_KEPT: usize = 16_384;
 /// Largest NOTIFY payload we send (PostgreSQL's limit is 8000 bytes).
 const MAX_PAYLOAD: usize = 7_000;
 
@@ -246,6 +248,11 @@ impl Origin {
 
 async fn notifier(url: String, schema: String, origin: Origin, mut rx: mpsc::Receiver<(String, String)>) {
     let mut conn: Option<(tokio_postgres::Client, Secret)> = None;
+    // Each run's pair of tokens, which costs two HMACs to make: a busy run is notified
+    // hundreds of times a second (the keyed tokens were 2% of the service's CPU under
+    // single appends, docs/benchmarks-log.md, 2026-11-29 16:23). Emptied when it fills
+    // and when the secret is read again.
+    let mut tokens: std::collections::HashMap<(String, String), String> = Default::default();
     while let Some(first) = rx.recv().await {
         let mut runs: std::collections::HashSet<(String, String)> = Default::default();
         runs.insert(first);
@@ -255,6 +262,10 @@ async fn notifier(url: String, schema: String, origin: Origin, mut rx: mpsc::Rec
         }
         if conn.is_none() {
             conn = connect_with_secret(&url, &schema).await.ok();
+            tokens.clear();
+        }
+        if tokens.len() + runs.len() > TOKENS_KEPT {
+            tokens.clear();
         }
         let Some((c, secret)) = &conn else { continue };
         let chan = secret.channel();
@@ -262,8 +273,11 @@ async fn notifier(url: String, schema: String, origin: Origin, mut rx: mpsc::Rec
         let mut payloads = vec![header.clone()];
         let sent_ms = chrono::Utc::now().timestamp_millis();
         for (t, r) in runs {
+            let pair = tokens.entry((t, r)).or_insert_with_key(|(t, r)| {
+                format!("{} {}", secret.tenant_token(t), secret.run_token(t, r))
+            });
             // The send time lets receivers measure notification lag.
-            let line = format!("{} {} {sent_ms}\n", secret.tenant_token(&t), secret.run_token(&t, &r));
+            let line = format!("{pair} {sent_ms}\n");
             if payloads.last().is_some_and(|p| p.len() + line.len() > MAX_PAYLOAD) {
                 payloads.push(header.clone());
             }

@@ -285,9 +285,30 @@ impl App {
         Ok(run)
     }
 
-    /// Appends a producer's batch.
+    /// Appends a producer's batch (a request's: its group-commit lane is its tenant's).
     #[tracing::instrument(name = "append", skip_all, fields(run_id = %run_id, events = batch.events.len()))]
     pub async fn append(&self, who: &Principal, run_id: &str, batch: &Batch) -> Result<AppendOutcome> {
+        self.append_in(who, run_id, batch, storage::group::Spread::ByTenant).await
+    }
+
+    /// Appends a group of a streaming append (its group-commit lane is its run's).
+    #[tracing::instrument(name = "append", skip_all, fields(run_id = %run_id, events = batch.events.len()))]
+    pub async fn append_streamed(
+        &self,
+        who: &Principal,
+        run_id: &str,
+        batch: &Batch,
+    ) -> Result<AppendOutcome> {
+        self.append_in(who, run_id, batch, storage::group::Spread::ByRun).await
+    }
+
+    async fn append_in(
+        &self,
+        who: &Principal,
+        run_id: &str,
+        batch: &Batch,
+        spread: storage::group::Spread,
+    ) -> Result<AppendOutcome> {
         who.require(Scope::Write)?;
         self.admit(who)?;
         // Sharing a commit pays off for small appends, whose commit is most of their
@@ -296,7 +317,7 @@ impl App {
         let lane = self.group.as_ref().filter(|_| batch.events.len() < storage::group::OWN_COMMIT_FROM);
         let started = std::time::Instant::now();
         let out = match lane {
-            Some(g) => g.append(&who.tenant_id, run_id, batch).await,
+            Some(g) => g.append(&who.tenant_id, run_id, batch, spread).await,
             None => {
                 use tracing::Instrument;
                 storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer)

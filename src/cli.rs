@@ -75,10 +75,12 @@ enum Command {
         #[arg(long, env = "AGENT_STREAM_MAX_BATCH_EVENTS", default_value_t = 10_000)]
         max_batch_events: usize,
         /// Committer tasks gathering concurrent appends into shared transactions (0: each alone).
-        // Two by default: each lane makes its group from what queued during its last
+        // Two by default: a lane makes its group from what queued during its last
         // commit, so more lanes than the database commits in parallel only split the
         // same appends into smaller, costlier groups (ingest-single: 4 lanes 0.66-0.72x
-        // raw INSERT at 7 appends a commit, 2 lanes 0.83-0.90x at 14).
+        // raw INSERT at 7 appends a commit, 2 lanes 0.83-0.90x at 14). A tenant's
+        // single appends keep to one lane (`Spread::ByTenant`); streaming appends use
+        // both, and a lane commits its tenants' groups side by side.
         #[arg(long, env = "AGENT_STREAM_GROUP_COMMIT_LANES", default_value_t = 2)]
         group_commit_lanes: usize,
         /// Seconds a pooled database connection may stay idle before it is closed (0: never).

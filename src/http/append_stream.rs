@@ -6,7 +6,7 @@
 //! its lines one at a time, in order, and stopping at the first refused line would
 //! store. Lines are committed in groups: while one group commits, the lines that arrive
 //! wait, and become the next group when it is answered, so a group is whatever came in
-//! during one commit (no timer), and every group goes through [`App::append`] (the
+//! during one commit (no timer), and every group goes through [`App::append_streamed`] (the
 //! rate limit, the group-commit lanes, the one row writer, notifications). A group is
 //! all or nothing, so when one is refused because of its `i`-th line, the lines before
 //! it are committed as a group of their own and the rest is tried again: the refused
@@ -261,7 +261,7 @@ impl Session {
             if !app.auth.still_valid(&app.db, &who).await? {
                 return Err(Error::reject(ErrorCode::AuthInvalid, "the API key was revoked"));
             }
-            let out = app.append(&who, &run_id, &batch).await?;
+            let out = app.append_streamed(&who, &run_id, &batch).await?;
             if !out.replayed {
                 app.metrics.append_bytes.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
             }

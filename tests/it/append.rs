@@ -629,3 +629,104 @@ fn plan_nodes<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
         _ => {}
     }
 }
+
+/// A group-commit lane commits its tenants' groups side by side: a tenant whose group
+/// waits on a run's lock does not hold up another tenant's appends gathered with it.
+/// With one lane, tenant a's append to `a2` and tenant b's append queue while the lane
+/// waits on `a1`'s lock; once `a1` is free they form the lane's next group, in which
+/// `a2` waits in turn, and b's append must not.
+#[tokio::test]
+async fn a_tenant_waiting_on_a_lock_does_not_hold_up_another_tenant_in_its_lane() {
+    use std::time::Duration;
+    let one_lane = agent_stream::app::Settings { group_commit_lanes: 1, ..Default::default() };
+    let t = std::sync::Arc::new(TestApp::with_settings(one_lane).await);
+    let (a1, a2) = (t.create_run(&t.key_a).await, t.create_run(&t.key_a).await);
+    let b = t.create_run(&t.key_b).await;
+    let (mut hold_a1, mut hold_a2) = (t.db.owner().await, t.db.owner().await);
+    let (tx1, tx2) =
+        (hold_a1.transaction().await.expect("begin"), hold_a2.transaction().await.expect("begin"));
+    for (tx, run) in [(&tx1, &a1), (&tx2, &a2)] {
+        // By tenant and run: Citus routes a row lock only by its distribution column.
+        tx.query_one(
+            "SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE",
+            &[&t.tenant_a, run],
+        )
+        .await
+        .expect("row lock");
+    }
+    let append = |key: String, run: String| {
+        let t = t.clone();
+        tokio::spawn(
+            async move { t.append_ok(&key, &run, json!([{"type": "custom.tick", "payload": {}}])).await },
+        )
+    };
+    let on_a1 = append(t.key_a.clone(), a1.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let on_a2 = append(t.key_a.clone(), a2.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let on_b = append(t.key_b.clone(), b.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !on_a1.is_finished() && !on_a2.is_finished() && !on_b.is_finished(),
+        "the lane waits on a1's lock"
+    );
+    tx1.rollback().await.expect("free a1");
+    let (first, _) =
+        tokio::time::timeout(Duration::from_secs(10), on_a1).await.expect("a1's append").expect("task");
+    assert_eq!(first, 1);
+    let (first, _) = tokio::time::timeout(Duration::from_secs(5), on_b)
+        .await
+        .expect("tenant b's append committed while tenant a's group waited")
+        .expect("task");
+    assert_eq!(first, 1);
+    assert!(!on_a2.is_finished(), "a2's append waits for its lock");
+    tx2.rollback().await.expect("free a2");
+    let (first, _) =
+        tokio::time::timeout(Duration::from_secs(10), on_a2).await.expect("a2's append").expect("task");
+    assert_eq!(first, 1);
+}
+
+/// A tenant's single appends wait in one lane whatever their runs (`Spread::ByTenant`),
+/// so appends to several runs that queue together commit in one transaction, however
+/// many lanes there are: with 8 lanes, four runs' appends queued behind a waiting
+/// group of the same tenant commit in one group after it.
+#[tokio::test]
+async fn a_tenants_single_appends_to_several_runs_gather_in_one_lane() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::time::Duration;
+    let lanes = agent_stream::app::Settings { group_commit_lanes: 8, ..Default::default() };
+    let t = std::sync::Arc::new(TestApp::with_settings(lanes).await);
+    let held = t.create_run(&t.key_a).await;
+    let mut others = vec![];
+    for _ in 0..4 {
+        others.push(t.create_run(&t.key_a).await);
+    }
+    let mut hold = t.db.owner().await;
+    let tx = hold.transaction().await.expect("begin");
+    tx.query_one("SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE", &[&t.tenant_a, &held])
+        .await
+        .expect("row lock");
+    let append = |run: String| {
+        let t = t.clone();
+        tokio::spawn(async move {
+            t.append_ok(&t.key_a, &run, json!([{"type": "custom.tick", "payload": {}}])).await
+        })
+    };
+    let groups_before = t.app.metrics.commit_groups.load(Relaxed);
+    let first = append(held.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let queued: Vec<_> = others.iter().map(|r| append(r.clone())).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(queued.iter().all(|q| !q.is_finished()), "the tenant's appends wait in the held run's lane");
+    tx.rollback().await.expect("free the run");
+    for task in std::iter::once(first).chain(queued) {
+        let (seq, _) =
+            tokio::time::timeout(Duration::from_secs(10), task).await.expect("append").expect("task");
+        assert_eq!(seq, 1);
+    }
+    assert_eq!(
+        t.app.metrics.commit_groups.load(Relaxed) - groups_before,
+        2,
+        "the held run's group, then one group of the four runs queued behind it"
+    );
+}

@@ -13,7 +13,7 @@
 //! (`POST /v1/runs/{id}/events`, one request each), then producers writing each delta as
 //! a line of one long-lived streaming append (`POST /v1/runs/{id}/events/stream`);
 //! `MANY_MODE=single` or `MANY_MODE=streaming` runs one of them; `MANY_LANES=n` gives
-//! the server `n` group-commit lanes (default 4).
+//! the server `n` group-commit lanes (default 2, the server's own).
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -302,6 +302,7 @@ impl App {
         self.append_in(who, run_id, batch, storage::group::Spread::ByRun).await
     }
 
+    /// Either append, in the group-commit lane `spread` picks (when it goes to a lane).
     async fn append_in(
         &self,
         who: &Principal,

@@ -250,7 +250,7 @@ async fn notifier(url: String, schema: String, origin: Origin, mut rx: mpsc::Rec
     let mut conn: Option<(tokio_postgres::Client, Secret)> = None;
     // Each run's pair of tokens, which costs two HMACs to make: a busy run is notified
     // hundreds of times a second (the keyed tokens were 2% of the service's CPU under
-    // single appends, docs/benchmarks-log.md, 2026-11-29 16:23). Emptied when it fills
+    // single appends, docs/benchmarks-log.md, 2026-11-29 16:20). Emptied when it fills
     // and when the secret is read again.
     let mut tokens: std::collections::HashMap<(String, String), String> = Default::default();
     while let Some(first) = rx.recv().await {

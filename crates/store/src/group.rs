@@ -1,8 +1,9 @@
 //! Group commit: concurrent appends share transactions, so single-event appends from
 //! many producers are not bound by one commit (and its WAL flush) each.
 //!
-//! Appends go to one of a few lanes by (tenant, run), so a run's appends stay in order
-//! in one lane. A lane takes whatever is queued (up to [`MAX_GROUP`]) and commits it in
+//! Appends go to one of a few lanes, a tenant's single appends by tenant and a streaming
+//! append's groups by run ([`Spread`]), so a run's appends of one kind stay in order in
+//! one lane. A lane takes whatever is queued (up to [`MAX_GROUP`]) and commits it in
 //! one transaction per tenant (the transaction is scoped to the tenant for row-level
 //! security), up to [`TENANTS_AT_ONCE`] of them side by side. Each append keeps its own
 //! guarantees:
@@ -51,7 +52,7 @@ pub enum Spread {
     /// they make the largest groups. A transaction's fixed cost is most of such an
     /// append's: 64 producers made groups of 23-27 in one lane against 12 in each of
     /// two, and the database spent 22-33 µs per append against 39-46
-    /// (docs/benchmarks-log.md, 2026-11-29 16:23).
+    /// (docs/benchmarks-log.md, 2026-11-29 16:20).
     ByTenant,
     /// By run: a streaming append's groups, which already hold what came in during a
     /// commit, spread over the lanes so that several commit at once (two lanes
@@ -135,9 +136,9 @@ impl GroupCommit {
 pub const HEAD_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Where this lane last left each of a tenant's runs' heads: run → (last seq, last
-/// event id, when it committed them). An entry counts only while the run's cached guard ends at
-/// the same seq (an append through another path moves the guard, and the entry is then
-/// ignored) and for [`HEAD_TTL`].
+/// event id, when it committed them). An entry counts only while the run's cached guard
+/// ends at the same seq (an append through another path or lane moves the guard, and
+/// the entry is then ignored) and for [`HEAD_TTL`].
 type Heads = HashMap<String, (i64, Option<Ulid>, std::time::Instant)>;
 
 async fn lane(db: Db, guards: Arc<Guards>, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Job>) {

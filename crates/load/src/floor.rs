@@ -1,10 +1,14 @@
 //! The floor of `fanout`: a server that does nothing but what fan-out cannot avoid, so
 //! the service's latency can be read against what this machine allows at all.
 //!
-//! It takes the producer's appends to the run it created last (`POST .../events`, answered at once with the seqs,
-//! no database, no validation) and writes each one's frames, built once, as one chunk
-//! to every open `GET .../stream` (chunked SSE, `id:` lines the same readers parse):
-//! one write per subscriber per append, the least any HTTP server can do over TCP. It
+//! It makes runs (`POST /v1/runs`), takes a run's appends (`POST .../events`, answered
+//! at once with the seqs, no database, no validation) and the lines of a streaming
+//! append (`POST .../events/stream`, a chunked NDJSON body answered line by line with
+//! acknowledgements shaped like the service's), and writes each append's frames, built
+//! once, as one chunk to every open `GET .../stream` of its run (chunked SSE, `id:`
+//! lines the same readers parse): one write per subscriber per append, the least any
+//! HTTP server can do over TCP. It serves `fanout` (one run, many subscribers) and
+//! `many-runs` (many runs, a producer and a subscriber each). It
 //! runs as a process of its own (`agent-stream-load floor-sse-server --listen ADDR`), on
 //! the same two-worker tokio runtime as the service, so the subscribers, the producer
 //! and the machine's cores are shared exactly as they are with the service.
@@ -12,6 +16,7 @@
 //! Hand-written on raw sockets rather than on hyper on purpose: a framework's cost per
 //! write is part of what the service is measured for, and must not be in the floor.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -19,32 +24,49 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{broadcast, Mutex};
 
-/// The one run's log: every frame so far, and the pages sent to subscribers.
+/// One run's log: every frame so far, and the pages sent to its subscribers.
 struct Log {
+    run_id: String,
     frames: Vec<u8>,
     next_seq: i64,
     pages: broadcast::Sender<Bytes>,
 }
 
 impl Log {
-    fn new() -> Log {
-        Log { frames: vec![], next_seq: 1, pages: broadcast::channel(1024).0 }
+    fn new(run_id: String) -> Log {
+        Log { run_id, frames: vec![], next_seq: 1, pages: broadcast::channel(1024).0 }
     }
+}
+
+/// Every run made so far, by id.
+#[derive(Default)]
+struct Runs {
+    made: u64,
+    logs: HashMap<String, Arc<Mutex<Log>>>,
+}
+
+type Shared = Arc<std::sync::Mutex<Runs>>;
+
+/// The log of the run `path` (`/v1/runs/{id}/...`) names, if the floor made it.
+fn log_of(runs: &Shared, path: &str) -> Option<Arc<Mutex<Log>>> {
+    let id = path.strip_prefix("/v1/runs/")?.split(['/', '?']).next()?;
+    runs.lock().unwrap_or_else(|p| p.into_inner()).logs.get(id).cloned()
 }
 
 /// Serves the floor on `listen` until killed.
 pub async fn serve(listen: &str) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
-    let log = Arc::new(Mutex::new(Log::new()));
+    let runs = Shared::default();
     loop {
         let (stream, _) = listener.accept().await?;
         stream.set_nodelay(true)?;
-        tokio::spawn(connection(stream, log.clone()));
+        tokio::spawn(connection(stream, runs.clone()));
     }
 }
 
-/// One connection: keep-alive requests until a stream request, which it then serves.
-async fn connection(mut stream: TcpStream, log: Arc<Mutex<Log>>) -> std::io::Result<()> {
+/// One connection: keep-alive requests until a stream or a streaming append, which it
+/// then serves.
+async fn connection(mut stream: TcpStream, runs: Shared) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(4096);
     loop {
         let head_end = loop {
@@ -70,19 +92,36 @@ async fn connection(mut stream: TcpStream, log: Arc<Mutex<Log>>) -> std::io::Res
         buf.drain(..head_end + length);
         let mut words = head.split_whitespace();
         let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-        match (method, path) {
-            ("GET", p) if p.contains("/stream") => return subscriber(stream, &log).await,
-            ("POST", "/v1/runs") => {
-                // A new run: the log starts over (and the last run's subscribers end).
-                let mut log = log.lock().await;
-                *log = Log::new();
-                answer(&mut stream, "201 Created", br#"{"run_id":"floor"}"#).await?
-            }
-            ("POST", p) if p.ends_with("/events") => {
-                let seqs = append(&log, &body).await;
+        if method == "POST" && path == "/v1/runs" {
+            let id = {
+                let mut runs = runs.lock().unwrap_or_else(|p| p.into_inner());
+                runs.made += 1;
+                let id = format!("floor-{}", runs.made);
+                runs.logs.insert(id.clone(), Arc::new(Mutex::new(Log::new(id.clone()))));
+                id
+            };
+            answer(&mut stream, "201 Created", format!(r#"{{"run_id":"{id}"}}"#).as_bytes()).await?;
+            continue;
+        }
+        if !path.starts_with("/v1/runs/") {
+            // `/healthz`, `/metrics` (no series: the floor reads nothing and has no buckets).
+            answer(&mut stream, "200 OK", b"").await?;
+            continue;
+        }
+        let Some(log) = log_of(&runs, path) else {
+            answer(&mut stream, "404 Not Found", br#"{"error":{"code":"run_not_found"}}"#).await?;
+            continue;
+        };
+        let route = path.split('?').next().unwrap_or("");
+        match method {
+            "GET" if route.ends_with("/stream") => return subscriber(stream, &log).await,
+            "POST" if route.ends_with("/events/stream") => return streaming(stream, buf, &log).await,
+            "POST" if route.ends_with("/events") => {
+                let events: Vec<serde_json::Value> = serde_json::from_slice(&body).unwrap_or_default();
+                let (first, last) = append(&log, &events).await;
+                let seqs = format!(r#"{{"first_seq":{first},"last_seq":{last}}}"#);
                 answer(&mut stream, "201 Created", seqs.as_bytes()).await?;
             }
-            // `/healthz`, `/metrics` (no series: the floor reads nothing and has no buckets).
             _ => answer(&mut stream, "200 OK", b"").await?,
         }
     }
@@ -97,18 +136,16 @@ async fn answer(stream: &mut TcpStream, status: &str, body: &[u8]) -> std::io::R
 }
 
 /// Frames the appended events (shaped like the service's `detail=full` frames), keeps
-/// them, sends them to every subscriber as one chunk, and gives the seqs as the service
-/// answers them.
-async fn append(log: &Mutex<Log>, body: &[u8]) -> String {
-    let events: Vec<serde_json::Value> = serde_json::from_slice(body).unwrap_or_default();
+/// them, sends them to the run's subscribers as one chunk, and gives their seqs.
+async fn append(log: &Mutex<Log>, events: &[serde_json::Value]) -> (i64, i64) {
     let ts = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let mut log = log.lock().await;
     let first = log.next_seq;
     let mut page = Vec::with_capacity(events.len() * 200);
-    for e in &events {
+    for e in events {
         let seq = log.next_seq;
         log.next_seq += 1;
-        let data = serde_json::json!({"seq": seq, "run_id": "floor", "id": ulid::Ulid::new().to_string(),
+        let data = serde_json::json!({"seq": seq, "run_id": log.run_id, "id": ulid::Ulid::new().to_string(),
             "ts": ts, "type": e["type"], "payload": e["payload"]});
         page.extend_from_slice(
             format!("id: {seq}\nevent: {}\ndata: {data}\n\n", e["type"].as_str().unwrap_or("")).as_bytes(),
@@ -117,7 +154,7 @@ async fn append(log: &Mutex<Log>, body: &[u8]) -> String {
     log.frames.extend_from_slice(&page);
     // No subscriber yet is not an error.
     let _ = log.pages.send(chunk(&page));
-    format!(r#"{{"first_seq":{first},"last_seq":{}}}"#, log.next_seq - 1)
+    (first, log.next_seq - 1)
 }
 
 /// `bytes` as one HTTP/1.1 chunk.
@@ -126,6 +163,57 @@ fn chunk(bytes: &[u8]) -> Bytes {
     c.extend_from_slice(bytes);
     c.extend_from_slice(b"\r\n");
     Bytes::from(c)
+}
+
+/// A streaming append: decodes the chunked body (`buf` holds what came after the
+/// request's head), appends each line as it completes as one event, and answers it
+/// at once with one acknowledgement line (`first_seq`, `last_seq`, `count`,
+/// `first_line`, `last_line`, as the service's): the least a streaming append can do.
+async fn streaming(mut stream: TcpStream, mut buf: Vec<u8>, log: &Mutex<Log>) -> std::io::Result<()> {
+    stream
+        .write_all(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n",
+        )
+        .await?;
+    let (mut body, mut line_no, mut ended) = (Vec::new(), 0u64, false);
+    loop {
+        // The whole chunks `buf` holds, into `body`.
+        while let Some(eol) = buf.windows(2).position(|w| w == b"\r\n") {
+            let size = std::str::from_utf8(&buf[..eol])
+                .ok()
+                .and_then(|h| usize::from_str_radix(h.split(';').next().unwrap_or("").trim(), 16).ok());
+            let Some(size) = size else { return Ok(()) };
+            if size == 0 {
+                ended = true;
+                break;
+            }
+            if buf.len() < eol + 2 + size + 2 {
+                break;
+            }
+            body.extend_from_slice(&buf[eol + 2..eol + 2 + size]);
+            buf.drain(..eol + 2 + size + 2);
+        }
+        let mut acks = Vec::new();
+        while let Some(i) = body.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = body.drain(..=i).collect();
+            let Ok(event) = serde_json::from_slice::<serde_json::Value>(&line) else { continue };
+            line_no += 1;
+            let (seq, _) = append(log, std::slice::from_ref(&event)).await;
+            let ack = format!(
+                r#"{{"first_seq":{seq},"last_seq":{seq},"count":1,"first_line":{line_no},"last_line":{line_no},"replayed":false}}"#
+            );
+            acks.extend_from_slice(&chunk(format!("{ack}\n").as_bytes()));
+        }
+        if ended {
+            acks.extend_from_slice(b"0\r\n\r\n");
+        }
+        if !acks.is_empty() {
+            stream.write_all(&acks).await?;
+        }
+        if ended || stream.read_buf(&mut buf).await? == 0 {
+            return Ok(());
+        }
+    }
 }
 
 /// Answers the stream: its history, then each page as it comes, one write per page.
@@ -149,7 +237,7 @@ async fn subscriber(mut stream: TcpStream, log: &Mutex<Log>) -> std::io::Result<
 mod tests {
     use std::time::Duration;
 
-    use crate::http::Conn;
+    use crate::http::{AppendStream, Conn};
     use crate::support::SseReader;
 
     /// Reads until `ids` holds `n` seqs, within 5 s.
@@ -166,8 +254,9 @@ mod tests {
         bytes::Bytes::from(serde_json::Value::Array(e).to_string())
     }
 
-    /// The floor must be read exactly as the service is: every seq once, in order, from
-    /// the history and then from each page, and a new run starting over at 1.
+    /// The floor must be read exactly as the service is: each run's seqs once, in
+    /// order, from the history and then from each page, whether they came as appends or
+    /// as the lines of a streaming append, and each run apart from the others.
     #[tokio::test]
     async fn the_floor_serves_history_then_each_append_once_in_order() {
         let port =
@@ -184,18 +273,39 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
+        let missing = http.post("/v1/runs/nope/events", "k", ticks(1)).await.expect("append");
+        assert_eq!(missing.status, 404);
         for _ in 0..2 {
             let r = http.send(hyper::Method::POST, "/v1/runs", Some("k"), None).await.expect("run");
             assert_eq!(r.status, 201);
-            let a = http.post("/v1/runs/floor/events", "k", ticks(2)).await.expect("append").json();
+            let run = r.json()["run_id"].as_str().expect("run_id").to_owned();
+            let events = format!("/v1/runs/{run}/events");
+            let a = http.post(&events, "k", ticks(2)).await.expect("append").json();
             assert_eq!((a["first_seq"].as_i64(), a["last_seq"].as_i64()), (Some(1), Some(2)));
-            let mut sub = SseReader::open(&addr, "/v1/runs/floor/stream", "k").await.expect("stream");
+            let mut sub =
+                SseReader::open(&addr, &format!("/v1/runs/{run}/stream"), "k").await.expect("stream");
             let mut ids = vec![];
             read_to(&mut sub, &mut ids, 2).await;
-            let a = http.post("/v1/runs/floor/events", "k", ticks(3)).await.expect("append").json();
+            let a = http.post(&events, "k", ticks(3)).await.expect("append").json();
             assert_eq!((a["first_seq"].as_i64(), a["last_seq"].as_i64()), (Some(3), Some(5)));
             read_to(&mut sub, &mut ids, 5).await;
-            assert_eq!(ids, [1, 2, 3, 4, 5]);
+            // Two lines of a streaming append: each acknowledged and delivered at once.
+            let mut lines = AppendStream::open(&base, &run, "k").await.expect("streaming append");
+            for n in 1..=2u64 {
+                lines.send(br#"{"type":"text.delta","payload":{"text":"a"}}"#).await.expect("line");
+                let ack = tokio::time::timeout(Duration::from_secs(5), lines.next())
+                    .await
+                    .expect("an acknowledgement within 5 s")
+                    .expect("read")
+                    .expect("a line");
+                assert_eq!(
+                    (ack["first_seq"].as_i64(), ack["first_line"].as_u64()),
+                    (Some(5 + n as i64), Some(n))
+                );
+                assert_eq!(ack["count"].as_u64(), Some(1));
+            }
+            read_to(&mut sub, &mut ids, 7).await;
+            assert_eq!(ids, [1, 2, 3, 4, 5, 6, 7]);
         }
     }
 }

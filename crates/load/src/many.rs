@@ -162,7 +162,85 @@ async fn run_mode(bin: &Path, url: &str, schema: &str, streaming: bool) {
     // `MANY_LANES=n`: group-commit lanes of the server (default: its own default, 2).
     let lanes = std::env::var("MANY_LANES").unwrap_or_else(|_| "2".to_owned());
     let args = ["--append-rate", "0", "--retention-interval", "0", "--group-commit-lanes", &lanes];
+    let how = if streaming {
+        "writing one text.delta line to its streaming append"
+    } else {
+        "appending one text.delta"
+    };
+    println!(
+        "{runs} runs, each a producer {how} every 50 ms for {secs} s and one SSE subscriber (`detail=full`); {lanes} group-commit lanes"
+    );
     let server = support::serve(bin, url, schema, &args).await;
+    let service = pass(&server, &key, runs, secs, streaming, false).await;
+    drop(server);
+    // The floor, in the same run: the same producers and readers against a server that
+    // only forwards each line (`floor`), so the machine's own share of the latency shows.
+    let mut floor = support::floor().await;
+    let bottom = pass(&floor, &key, runs, secs, streaming, true).await;
+    let _ = floor.child.kill().await;
+    println!("| server | appends/s achieved (offered) | ratio to offered | append sent → acknowledged (committed) p50 / p99 (ms) | append sent → receipt p50 / p99 (ms) | received / appended | server CPU | server RSS | live reads/s | live reads per append |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("{}", service.row("agent-stream"));
+    println!("{}", bottom.row("floor (no service, see `floor`)"));
+    println!(
+        "receipt p99: {:.2}× the floor's ({:.2} against {:.2} ms); target p99 ≤ 25 ms",
+        service.receipt.1 / bottom.receipt.1.max(f64::MIN_POSITIVE),
+        service.receipt.1,
+        bottom.receipt.1
+    );
+}
+
+/// One measured pass's figures.
+struct Pass {
+    offered: f64,
+    achieved: f64,
+    /// Append sent → acknowledged, p50 and p99 (ms).
+    committed: (f64, f64),
+    /// Append sent → receipt, p50 and p99 (ms).
+    receipt: (f64, f64),
+    received: usize,
+    appended: u64,
+    cpu: f64,
+    rss_mib: f64,
+    /// Live reads per second and per append; `None` for the floor, which reads nothing.
+    reads: Option<(f64, f64)>,
+}
+
+impl Pass {
+    fn row(&self, server: &str) -> String {
+        let reads = match self.reads {
+            Some((per_s, per_append)) => format!("{per_s:.0} | {per_append:.2}"),
+            None => "- | -".to_owned(),
+        };
+        format!(
+            "| {server} | {:.0} ({:.0}) | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {} / {} | {:.0}% | {:.0} MiB | {reads} |",
+            self.achieved,
+            self.offered,
+            self.achieved / self.offered,
+            self.committed.0,
+            self.committed.1,
+            self.receipt.0,
+            self.receipt.1,
+            self.received,
+            self.appended,
+            100.0 * self.cpu,
+            self.rss_mib,
+        )
+    }
+}
+
+/// Makes `runs` runs on `server`, each with its subscriber and its producer, for `secs`,
+/// and measures them. `floor`: the server is the [`floor`](super::floor), which has no
+/// metrics to read.
+async fn pass(
+    server: &support::Server,
+    key: &str,
+    runs: usize,
+    secs: u64,
+    streaming: bool,
+    floor: bool,
+) -> Pass {
+    let key = key.to_owned();
     let addr = server.base.trim_start_matches("http://").to_owned();
     // The runs, running, each with its subscriber.
     let mut http = Conn::open(&server.base).await.expect("connect");
@@ -207,6 +285,7 @@ async fn run_mode(bin: &Path, url: &str, schema: &str, streaming: bool) {
     let (cpu0, wall0) = (support::cpu_secs(server.pid), Instant::now());
     // The producers: one connection each, an append every 50 ms for `secs`.
     let sent: Arc<Mutex<HashMap<(usize, i64), u64>>> = Default::default();
+    COMMITTED.lock().unwrap_or_else(|p| p.into_inner()).clear();
     let mut producers = Vec::with_capacity(runs);
     for (i, run) in ids.iter().enumerate() {
         if streaming {
@@ -250,7 +329,6 @@ async fn run_mode(bin: &Path, url: &str, schema: &str, streaming: bool) {
         achieved += p.rate();
     }
     // The backlog gets up to 10 s.
-    let expected = appended as usize;
     let drain = Instant::now() + Duration::from_secs(10);
     while Instant::now() < drain {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -277,29 +355,16 @@ async fn run_mode(bin: &Path, url: &str, schema: &str, streaming: bool) {
             }
         }
     }
-    let offered = runs as f64 * (1000.0 / EVERY.as_millis() as f64);
-    let how = if streaming {
-        "writing one text.delta line to its streaming append"
-    } else {
-        "appending one text.delta"
-    };
-    println!(
-        "{runs} runs, each a producer {how} every 50 ms for {secs} s and one SSE subscriber (`detail=full`); {lanes} group-commit lanes"
-    );
     let mut committed = std::mem::take(&mut *COMMITTED.lock().unwrap_or_else(|p| p.into_inner()));
-    println!("| appends/s achieved (offered) | ratio to offered | append sent → acknowledged (committed) p50 / p99 (ms) | append sent → receipt p50 / p99 (ms) | received / appended | server CPU | server RSS | live reads/s | live reads per append |");
-    println!("|---|---|---|---|---|---|---|---|---|");
-    println!(
-        "| {:.0} ({offered:.0}) | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} (target p99 ≤ 25) | {received} / {expected} | {:.0}% | {:.0} MiB | {:.0} | {:.2} |",
+    Pass {
+        offered: runs as f64 * (1000.0 / EVERY.as_millis() as f64),
         achieved,
-        achieved / offered,
-        support::pct(&mut committed, 0.5),
-        support::pct(&mut committed, 0.99),
-        support::pct(&mut lat, 0.5),
-        support::pct(&mut lat, 0.99),
-        100.0 * cpu / wall,
-        rss as f64 / 1024.0,
-        reads / wall,
-        reads / appended.max(1) as f64,
-    );
+        committed: (support::pct(&mut committed, 0.5), support::pct(&mut committed, 0.99)),
+        receipt: (support::pct(&mut lat, 0.5), support::pct(&mut lat, 0.99)),
+        received,
+        appended,
+        cpu: cpu / wall,
+        rss_mib: rss as f64 / 1024.0,
+        reads: (!floor).then(|| (reads / wall, reads / appended.max(1) as f64)),
+    }
 }

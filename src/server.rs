@@ -154,8 +154,7 @@ async fn serve_on(database: &Database, opts: &ServeOptions) -> anyhow::Result<()
     if let (policy, Some(every)) = opts.retention {
         tokio::spawn(retention_loop(database.url.clone(), database.schema.clone(), policy, every));
     }
-    let listener =
-        TcpListener::bind(opts.listen).await.with_context(|| format!("binding {}", opts.listen))?;
+    let listener = listen(opts.listen).with_context(|| format!("binding {}", opts.listen))?;
     let addr = listener.local_addr()?;
     println!("agent-stream listening on http://{addr} (GraphiQL at http://{addr}/graphql)");
     let draining = app.clone();
@@ -172,6 +171,24 @@ async fn serve_on(database: &Database, opts: &ServeOptions) -> anyhow::Result<()
     app.live.stop_listening();
     tracing::info!("shut down");
     Ok(())
+}
+
+/// Connections the kernel may hold for the service to accept (capped by the kernel at
+/// `net.core.somaxconn`, 4,096 by default). tokio binds with the standard library's 128:
+/// 1,000 SSE subscribers connecting at once overflowed it thousands of times per run
+/// (`TcpExtListenOverflows`), every overflow a handshake left to the client's
+/// retransmission (a second or more), and now and then a connection reset
+/// (docs/benchmarks-log.md, 2026-11-29 19:50). Reconnect storms after a deploy or a
+/// network cut look like that.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listener on `addr` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as tokio's own).
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket =
+        if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// Unsent bytes a connection's socket may queue before it stops taking more.
@@ -327,4 +344,36 @@ async fn shutdown_signal() {
         _ = term => {},
     }
     tracing::info!("shutdown signal received; draining");
+}
+
+#[cfg(test)]
+mod tests {
+    /// A burst of connections larger than the standard library's backlog (128) is held
+    /// for accepting, not dropped: 400 clients connect while nothing accepts, and all 400
+    /// are then accepted. With a backlog of 128 the kernel drops the handshakes past it
+    /// and about 129 are.
+    #[tokio::test]
+    async fn a_burst_of_connections_waits_in_the_backlog() {
+        use std::time::Duration;
+        let listener = super::listen("127.0.0.1:0".parse().expect("addr")).expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        // A handshake the kernel dropped is retried by the client after a second and
+        // more: 3 s tells a held connection from a dropped one.
+        let connect =
+            move || tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(addr));
+        let clients: Vec<_> = (0..400).map(|_| tokio::spawn(connect())).collect();
+        let mut held = Vec::with_capacity(clients.len());
+        for c in clients {
+            if let Ok(Ok(tcp)) = c.await.expect("task") {
+                held.push(tcp);
+            }
+        }
+        assert_eq!(held.len(), 400, "every connection of the burst is established within 3 s");
+        let mut accepted = Vec::new();
+        while let Ok(Ok((tcp, _))) = tokio::time::timeout(Duration::from_millis(500), listener.accept()).await
+        {
+            accepted.push(tcp);
+        }
+        assert_eq!(accepted.len(), held.len(), "every connection of the burst is accepted");
+    }
 }

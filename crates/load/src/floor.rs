@@ -55,7 +55,9 @@ fn log_of(runs: &Shared, path: &str) -> Option<Arc<Mutex<Log>>> {
 
 /// Serves the floor on `listen` until killed.
 pub async fn serve(listen: &str) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(listen).await?;
+    // With the service's backlog: a burst of subscribers must meet the same kernel queue.
+    let addr: std::net::SocketAddr = listen.parse()?;
+    let listener = agent_stream::server::listen(addr)?;
     let runs = Shared::default();
     loop {
         let (stream, _) = listener.accept().await?;

@@ -162,9 +162,10 @@ async fn serve_on(database: &Database, opts: &ServeOptions) -> anyhow::Result<()
         shutdown_signal().await;
         draining.shut_down();
     };
-    let router = crate::http::router(app.clone());
     let stall = app.settings.ws.stall;
-    axum::serve(streaming(listener, stall), router).with_graceful_shutdown(stop).await?;
+    axum::serve(streaming(listener, stall), per_connection(crate::http::router(app.clone())))
+        .with_graceful_shutdown(stop)
+        .await?;
     if !app.sockets_closed(Duration::from_secs(2)).await {
         tracing::warn!("some WebSocket connections did not close within 2 s");
     }
@@ -189,6 +190,18 @@ pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(LISTEN_BACKLOG)
+}
+
+/// The service every connection gets: `router`, its routes made ready once, shared.
+///
+/// Given a `Router` itself, `axum::serve` rebuilds the routes for each connection
+/// (`Router::with_state`, which clones every route's stack of layers when the router is
+/// shared) and drops them when it closes: a connection that made one request cost the
+/// server 130 µs of CPU against 10 µs for a request on an open one
+/// (docs/benchmarks-log.md, 2026-11-29 20:10). Built once here, each connection clones
+/// an `Arc`.
+pub fn per_connection(router: axum::Router) -> axum::routing::IntoMakeService<axum::Router> {
+    router.with_state(()).into_make_service()
 }
 
 /// Unsent bytes a connection's socket may queue before it stops taking more.

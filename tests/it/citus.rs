@@ -198,7 +198,10 @@ async fn logging_instance(t: &TestApp) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let router = agent_stream::http::router(app);
-    tokio::spawn(async move { axum::serve(agent_stream::server::no_delay(listener), router).await });
+    tokio::spawn(async move {
+        axum::serve(agent_stream::server::no_delay(listener), agent_stream::server::per_connection(router))
+            .await
+    });
     base
 }
 

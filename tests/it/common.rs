@@ -150,7 +150,13 @@ impl TestApp {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let router = agent_stream::http::router(app.clone());
-        tokio::spawn(async move { axum::serve(agent_stream::server::no_delay(listener), router).await });
+        tokio::spawn(async move {
+            axum::serve(
+                agent_stream::server::no_delay(listener),
+                agent_stream::server::per_connection(router),
+            )
+            .await
+        });
         TestApp {
             base,
             key_a: a.secret,
@@ -176,7 +182,13 @@ impl TestApp {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let router = agent_stream::http::router(app);
-        tokio::spawn(async move { axum::serve(agent_stream::server::no_delay(listener), router).await });
+        tokio::spawn(async move {
+            axum::serve(
+                agent_stream::server::no_delay(listener),
+                agent_stream::server::per_connection(router),
+            )
+            .await
+        });
         base
     }
 

@@ -286,7 +286,11 @@ async fn thirty_seconds_without_the_database_gives_503s_then_recovers() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     tokio::spawn(async move {
-        axum::serve(agent_stream::server::no_delay(listener), agent_stream::http::router(app)).await
+        axum::serve(
+            agent_stream::server::no_delay(listener),
+            agent_stream::server::per_connection(agent_stream::http::router(app)),
+        )
+        .await
     });
     let http = reqwest::Client::new();
     let created: Value =

@@ -197,7 +197,7 @@ async fn behind_proxy(t: &TestApp, lanes: usize) -> (CommitCutter, String) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let router = agent_stream::http::router(app);
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    tokio::spawn(async move { axum::serve(listener, agent_stream::server::per_connection(router)).await });
     (proxy, base)
 }
 

@@ -1314,7 +1314,11 @@ async fn a_postgres_restart_mid_stream_loses_and_repeats_nothing() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move {
-        axum::serve(agent_stream::server::no_delay(listener), agent_stream::http::router(app)).await
+        axum::serve(
+            agent_stream::server::no_delay(listener),
+            agent_stream::server::per_connection(agent_stream::http::router(app)),
+        )
+        .await
     });
     let http = reqwest::Client::new();
 

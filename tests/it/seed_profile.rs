@@ -112,7 +112,11 @@ pub(crate) async fn instance(t: &TestApp, addr: &str) -> (AppRef, String, tokio:
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let router = agent_stream::http::router(app.clone());
     let task = tokio::spawn(async move {
-        let _ = axum::serve(agent_stream::server::no_delay(listener), router).await;
+        let _ = axum::serve(
+            agent_stream::server::no_delay(listener),
+            agent_stream::server::per_connection(router),
+        )
+        .await;
     });
     (app, base, task)
 }

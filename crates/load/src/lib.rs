@@ -13,6 +13,7 @@
 
 #![warn(missing_docs)]
 
+mod connect;
 mod export;
 mod fanout;
 pub mod floor;
@@ -32,8 +33,18 @@ use agent_stream::server::{Database, DbChoice};
 use agent_stream::storage::embedded::default_data_dir;
 
 /// The scenarios, by name.
-pub const SCENARIOS: [&str; 9] =
-    ["ingest", "ingest-single", "fanout", "export", "fold", "slow-readers", "stuck", "join", "many-runs"];
+pub const SCENARIOS: [&str; 10] = [
+    "ingest",
+    "ingest-single",
+    "fanout",
+    "export",
+    "fold",
+    "slow-readers",
+    "stuck",
+    "join",
+    "many-runs",
+    "connect",
+];
 
 /// The hidden scenario that serves [`floor`] (`--listen ADDR`), started by `fanout`.
 pub const FLOOR: &str = "floor-sse-server";
@@ -65,6 +76,7 @@ pub async fn run(scenario: &str, bin: &Path) -> anyhow::Result<()> {
         "stuck" => stuck::run(bin, url, schema).await,
         "join" => join::run(bin, url, schema).await,
         "many-runs" => many::run(bin, url, schema).await,
+        "connect" => connect::run(bin, url, schema).await,
         _ => export::run(bin, url, schema).await,
     }
     let owner = database.owner().await?;

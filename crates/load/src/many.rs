@@ -6,18 +6,19 @@
 //! default) for `MANY_SECS` seconds (default 10), and one SSE subscriber per run
 //! (`detail=full`, so every event is a frame and its receipt can be timed). Reported:
 //! the appends achieved against those offered (each producer's answered appends over
-//! its own span, summed), append sent → receipt p50/p99 (receipt
-//! timed at the socket read), events received against appended, the server's CPU and
-//! RSS, and live-delivery SELECTs per second and per append (at most one read per run
-//! wake-up is the target), and the receipt p50/p99 of the appends sent once the pass has
-//! settled ([`SETTLING`] after its first). The baselines, in the same run: bare NOTIFY
-//! → LISTEN latency between two connections, and the same producers and readers against
-//! the [`floor`](super::floor), a server that only forwards each line to its run's
-//! subscriber (what this machine and this tool allow at all). The scenario runs twice: producers sending single appends
-//! (`POST /v1/runs/{id}/events`, one request each), then producers writing each delta as
-//! a line of one long-lived streaming append (`POST /v1/runs/{id}/events/stream`);
-//! `MANY_MODE=single` or `MANY_MODE=streaming` runs one of them; `MANY_LANES=n` gives
-//! the server `n` group-commit lanes (default 2, the server's own).
+//! its own span, summed), append sent → receipt p50/p99 (receipt timed at the socket
+//! read), events received against appended, the server's CPU and RSS, live-delivery
+//! SELECTs per second and per append (at most one read per run wake-up is the target),
+//! and the receipt p50/p99 of the appends sent once the pass has settled ([`SETTLING`]
+//! after its first). The baselines, in the same run: bare NOTIFY → LISTEN latency
+//! between two connections, and the same producers and readers against the
+//! [`floor`](super::floor), a server that only forwards each line to its run's
+//! subscriber (what this machine and this tool allow at all). The scenario runs twice:
+//! producers sending single appends (`POST /v1/runs/{id}/events`, one request each),
+//! then producers writing each delta as a line of one long-lived streaming append
+//! (`POST /v1/runs/{id}/events/stream`); `MANY_MODE=single` or `MANY_MODE=streaming`
+//! runs one of them; `MANY_LANES=n` gives the server `n` group-commit lanes (default 2,
+//! the server's own).
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -177,24 +177,10 @@ async fn streaming(mut stream: TcpStream, mut buf: Vec<u8>, log: &Mutex<Log>) ->
             b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n",
         )
         .await?;
-    let (mut body, mut line_no, mut ended) = (Vec::new(), 0u64, false);
+    let (mut chunks, mut body, mut line_no) = (crate::support::Dechunker::default(), Vec::new(), 0u64);
     loop {
-        // The whole chunks `buf` holds, into `body`.
-        while let Some(eol) = buf.windows(2).position(|w| w == b"\r\n") {
-            let size = std::str::from_utf8(&buf[..eol])
-                .ok()
-                .and_then(|h| usize::from_str_radix(h.split(';').next().unwrap_or("").trim(), 16).ok());
-            let Some(size) = size else { return Ok(()) };
-            if size == 0 {
-                ended = true;
-                break;
-            }
-            if buf.len() < eol + 2 + size + 2 {
-                break;
-            }
-            body.extend_from_slice(&buf[eol + 2..eol + 2 + size]);
-            buf.drain(..eol + 2 + size + 2);
-        }
+        chunks.feed(&mut buf, &mut body);
+        let ended = chunks.ended();
         let mut acks = Vec::new();
         while let Some(i) = body.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = body.drain(..=i).collect();

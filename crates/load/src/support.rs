@@ -262,15 +262,65 @@ pub struct SseReader {
     stream: tokio::net::TcpStream,
     raw: Vec<u8>,
     body: Vec<u8>,
-    chunk: Chunk,
+    chunks: Dechunker,
     chunked: bool,
 }
 
+/// Decodes an HTTP/1.1 chunked body as its bytes come: [`Dechunker::feed`] moves what
+/// the bytes read so far complete into the body and leaves the rest for the next read.
+#[derive(Default)]
+pub struct Dechunker(Chunk);
+
+#[derive(Default)]
 enum Chunk {
+    #[default]
     Size,
     Data(usize),
     Crlf,
     End,
+}
+
+impl Dechunker {
+    /// Decodes what `raw` holds into `body`, draining what it used from `raw`.
+    pub fn feed(&mut self, raw: &mut Vec<u8>, body: &mut Vec<u8>) {
+        let mut at = 0;
+        loop {
+            let rest = &raw[at..];
+            match self.0 {
+                Chunk::Size => {
+                    let Some(i) = rest.windows(2).position(|w| w == b"\r\n") else { break };
+                    let line = String::from_utf8_lossy(&rest[..i]);
+                    let size =
+                        usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
+                    self.0 = if size == 0 { Chunk::End } else { Chunk::Data(size) };
+                    at += i + 2;
+                }
+                Chunk::Data(n) => {
+                    if rest.is_empty() {
+                        break;
+                    }
+                    let k = n.min(rest.len());
+                    body.extend_from_slice(&rest[..k]);
+                    at += k;
+                    self.0 = if k == n { Chunk::Crlf } else { Chunk::Data(n - k) };
+                }
+                Chunk::Crlf => {
+                    if rest.len() < 2 {
+                        break;
+                    }
+                    at += 2;
+                    self.0 = Chunk::Size;
+                }
+                Chunk::End => break,
+            }
+        }
+        raw.drain(..at);
+    }
+
+    /// Whether the last chunk (size 0, or a size that does not parse) has come.
+    pub fn ended(&self) -> bool {
+        matches!(self.0, Chunk::End)
+    }
 }
 
 impl SseReader {
@@ -298,7 +348,13 @@ impl SseReader {
         }
         let chunked = head.contains("transfer-encoding: chunked");
         raw.drain(..head_end);
-        Ok(SseReader { stream, raw, body: Vec::with_capacity(16 * 1024), chunk: Chunk::Size, chunked })
+        Ok(SseReader {
+            stream,
+            raw,
+            body: Vec::with_capacity(16 * 1024),
+            chunks: Dechunker::default(),
+            chunked,
+        })
     }
 
     /// Reads until at least one frame completes (or the stream ends) and appends the
@@ -327,7 +383,7 @@ impl SseReader {
                 start += i + 2;
             }
             self.body.drain(..start);
-            if matches!(self.chunk, Chunk::End) {
+            if self.chunks.ended() {
                 return Ok(false);
             }
             if ids.len() > before {
@@ -340,42 +396,11 @@ impl SseReader {
     }
 
     fn dechunk(&mut self) {
-        if !self.chunked {
+        if self.chunked {
+            self.chunks.feed(&mut self.raw, &mut self.body);
+        } else {
             self.body.append(&mut self.raw);
-            return;
         }
-        let mut at = 0;
-        loop {
-            let rest = &self.raw[at..];
-            match self.chunk {
-                Chunk::Size => {
-                    let Some(i) = rest.windows(2).position(|w| w == b"\r\n") else { break };
-                    let line = String::from_utf8_lossy(&rest[..i]);
-                    let size =
-                        usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
-                    self.chunk = if size == 0 { Chunk::End } else { Chunk::Data(size) };
-                    at += i + 2;
-                }
-                Chunk::Data(n) => {
-                    if rest.is_empty() {
-                        break;
-                    }
-                    let k = n.min(rest.len());
-                    self.body.extend_from_slice(&rest[..k]);
-                    at += k;
-                    self.chunk = if k == n { Chunk::Crlf } else { Chunk::Data(n - k) };
-                }
-                Chunk::Crlf => {
-                    if rest.len() < 2 {
-                        break;
-                    }
-                    at += 2;
-                    self.chunk = Chunk::Size;
-                }
-                Chunk::End => break,
-            }
-        }
-        self.raw.drain(..at);
     }
 }
 

@@ -366,18 +366,17 @@ async fn pass(
     let rss = support::status_kib(server.pid, "VmRSS:");
     let _ = stop.send(true);
     let sent = std::mem::take(&mut *sent.lock().unwrap_or_else(|p| p.into_inner()));
-    let (mut lat, mut received) = (vec![], 0usize);
-    // (sent at, receipt latency) of every append received, for the settled figure.
+    // (sent at, receipt latency in ms) of every append received.
     let mut timed: Vec<(u64, f64)> = vec![];
     for (i, r) in readers.into_iter().enumerate() {
         for (seq, at) in r.await.unwrap_or_default() {
             if let Some(s) = sent.get(&(i, seq)) {
-                received += 1;
-                lat.push(at.saturating_sub(*s) as f64 / 1000.0);
                 timed.push((*s, at.saturating_sub(*s) as f64 / 1000.0));
             }
         }
     }
+    let received = timed.len();
+    let mut lat: Vec<f64> = timed.iter().map(|(_, ms)| *ms).collect();
     let first_sent = timed.iter().map(|(at, _)| *at).min().unwrap_or(0);
     let mut settled: Vec<f64> = timed
         .iter()

@@ -9,10 +9,11 @@
 //! its own span, summed), append sent → receipt p50/p99 (receipt timed at the socket
 //! read), events received against appended, the server's CPU and RSS, live-delivery
 //! SELECTs per second and per append (at most one read per run wake-up is the target),
-//! and the receipt p50/p99 of the appends sent once the pass has settled ([`SETTLING`]
-//! after its first). The baselines, in the same run: bare NOTIFY → LISTEN latency
-//! between two connections, and the same producers and readers against the
-//! [`floor`](super::floor), a server that only forwards each line to its run's
+//! the receipt p50/p99 of the appends sent once the pass has settled ([`SETTLING`]
+//! after its first), and the receipt p99 of each second's appends, by when they were
+//! sent (where in the pass the tail is). The baselines, in the same run: bare NOTIFY →
+//! LISTEN latency between two connections, and the same producers and readers against
+//! the [`floor`](super::floor), a server that only forwards each line to its run's
 //! subscriber (what this machine and this tool allow at all). The scenario runs twice:
 //! producers sending single appends (`POST /v1/runs/{id}/events`, one request each),
 //! then producers writing each delta as a line of one long-lived streaming append
@@ -206,6 +207,10 @@ async fn run_mode(bin: &Path, url: &str, schema: &str, streaming: bool) {
         bottom.settled.0,
         bottom.settled.1
     );
+    for (name, p) in [("agent-stream", &service), ("floor", &bottom)] {
+        let seconds: Vec<String> = p.by_second.iter().map(|ms| format!("{ms:.1}")).collect();
+        println!("receipt p99 by second of sending, {name} (ms): {}", seconds.join(" "));
+    }
 }
 
 /// One measured pass's figures.
@@ -218,6 +223,8 @@ struct Pass {
     receipt: (f64, f64),
     /// The same for the appends sent [`SETTLING`] or more after the pass's first.
     settled: (f64, f64),
+    /// Receipt p99 (ms) of the appends sent in each second of the pass, from its first.
+    by_second: Vec<f64>,
     received: usize,
     appended: u64,
     cpu: f64,
@@ -383,8 +390,17 @@ async fn pass(
         .filter(|(at, _)| *at >= first_sent + SETTLING.as_micros() as u64)
         .map(|(_, ms)| *ms)
         .collect();
+    let mut by_second: Vec<Vec<f64>> = vec![];
+    for (at, ms) in &timed {
+        let s = ((at - first_sent) / 1_000_000) as usize;
+        if by_second.len() <= s {
+            by_second.resize_with(s + 1, Vec::new);
+        }
+        by_second[s].push(*ms);
+    }
     let mut committed = std::mem::take(&mut *COMMITTED.lock().unwrap_or_else(|p| p.into_inner()));
     Pass {
+        by_second: by_second.iter_mut().map(|l| support::pct(l, 0.99)).collect(),
         offered: runs as f64 * (1000.0 / EVERY.as_millis() as f64),
         achieved,
         committed: (support::pct(&mut committed, 0.5), support::pct(&mut committed, 0.99)),

@@ -242,6 +242,7 @@ impl App {
     pub async fn create_run(&self, who: &Principal, parent: Option<&str>) -> Result<RunInfo> {
         who.require(Scope::Write)?;
         let run = runs::create_run(&self.db, &who.tenant_id, parent).await?;
+        self.guards.created(&who.tenant_id, &run.run_id);
         self.live.committed(&who.tenant_id, &run.run_id, 0);
         Ok(run)
     }

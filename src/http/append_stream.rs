@@ -87,7 +87,15 @@ pub(crate) async fn append_stream(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large(limit).into());
     }
-    let run = crate::storage::runs::get_run(&app.db, &who.tenant_id, &run_id).await?;
+    // A run this process has just written to, created or locked exists: its stream opens
+    // without a read. A thousand streams opening at once otherwise queue a thousand reads
+    // ahead of the lanes' commits for the pool's connections (docs/benchmarks-log.md,
+    // 2026-11-29 22:10).
+    let run_id = crate::storage::runs::parse_run_id(&run_id)?;
+    let run_id = match app.guards.head_known(&who.tenant_id, &run_id) {
+        true => run_id,
+        false => crate::storage::runs::get_run(&app.db, &who.tenant_id, &run_id).await?.run_id,
+    };
     // Asking for the body once before answering makes hyper send `100 Continue` ahead of
     // the 200 to a client that waits for it (curl does, for a body of unknown length);
     // a client that sees a final answer first stops sending.
@@ -97,7 +105,7 @@ pub(crate) async fn append_stream(
         std::task::Poll::Pending => None,
     };
     let (tx, rx) = mpsc::channel::<Bytes>(ANSWER_BUFFER);
-    let session = Session::new(app, who, run.run_id, tx);
+    let session = Session::new(app, who, run_id, tx);
     tokio::spawn(session.run(data, first));
     let lines = tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>);
     Ok((

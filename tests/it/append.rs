@@ -516,19 +516,14 @@ async fn concurrent_appends_from_two_instances_to_the_same_runs_are_all_stored_o
 /// retry, and the locked append then failed with 500 after five.
 #[tokio::test]
 async fn a_locked_writer_is_not_overtaken_by_a_one_round_trip_group() {
-    use agent_stream::storage::rows::{writer_keys, HOLD_RUNS};
     let t = std::sync::Arc::new(TestApp::new().await);
     let run = t.create_run(&t.key_a).await;
-    // This process's lane now knows the run's head: the next keyless single append
-    // goes out in one round trip.
+    // This process now knows the run's head: the next keyless single append goes out
+    // in one round trip.
     t.append_ok(&t.key_a, &run, json!([{"type": "custom.tick", "payload": {"n": 1}}])).await;
     let mut other = t.db.owner().await;
     let tx = other.transaction().await.expect("begin");
-    // By tenant and run: Citus routes a row lock only by its distribution column.
-    tx.query_one("SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE", &[&t.tenant_a, &run])
-        .await
-        .expect("row lock");
-    tx.execute(HOLD_RUNS, &[&writer_keys([&run])]).await.expect("writer key");
+    hold_as_a_locked_writer(&tx, &t.tenant_a, &run).await;
     let head: i64 = tx
         .query_one(
             "SELECT max(seq) FROM agent_run_events WHERE tenant_id = $1 AND run_id = $2",
@@ -646,13 +641,7 @@ async fn a_tenant_waiting_on_a_lock_does_not_hold_up_another_tenant_in_its_lane(
     let (tx1, tx2) =
         (hold_a1.transaction().await.expect("begin"), hold_a2.transaction().await.expect("begin"));
     for (tx, run) in [(&tx1, &a1), (&tx2, &a2)] {
-        // By tenant and run: Citus routes a row lock only by its distribution column.
-        tx.query_one(
-            "SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE",
-            &[&t.tenant_a, run],
-        )
-        .await
-        .expect("row lock");
+        hold_as_a_locked_writer(tx, &t.tenant_a, run).await;
     }
     let append = |key: String, run: String| {
         let t = t.clone();
@@ -703,9 +692,7 @@ async fn a_tenants_single_appends_to_several_runs_gather_in_one_lane() {
     }
     let mut hold = t.db.owner().await;
     let tx = hold.transaction().await.expect("begin");
-    tx.query_one("SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE", &[&t.tenant_a, &held])
-        .await
-        .expect("row lock");
+    hold_as_a_locked_writer(&tx, &t.tenant_a, &held).await;
     let append = |run: String| {
         let t = t.clone();
         tokio::spawn(async move {
@@ -729,4 +716,72 @@ async fn a_tenants_single_appends_to_several_runs_gather_in_one_lane() {
         2,
         "the held run's group, then one group of the four runs queued behind it"
     );
+}
+
+/// Holds `run` as another process's locked writer does: its row lock, then its writer
+/// key. Appends here wait for it on either path (the one-round-trip path's claim on the
+/// key fails, and the locked path waits for the row).
+async fn hold_as_a_locked_writer(tx: &tokio_postgres::Transaction<'_>, tenant: &str, run: &str) {
+    use agent_stream::storage::rows::{writer_keys, HOLD_RUNS};
+    // By tenant and run: Citus routes a row lock only by its distribution column.
+    tx.query_one("SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE", &[&tenant, &run])
+        .await
+        .expect("row lock");
+    tx.execute(HOLD_RUNS, &[&writer_keys([run])]).await.expect("writer key");
+}
+
+/// Whether a keyless single append to `run` commits while another connection holds the
+/// run's row lock (and not its writer key): only the one-round-trip path, which builds
+/// on the head this process already knows and touches no row of `runs`, can.
+async fn commits_past_a_held_row(t: &std::sync::Arc<TestApp>, run: &str) -> bool {
+    use std::time::Duration;
+    let mut other = t.db.owner().await;
+    let tx = other.transaction().await.expect("begin");
+    tx.query_one("SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE", &[&t.tenant_a, &run])
+        .await
+        .expect("row lock");
+    let append = {
+        let (t, run) = (t.clone(), run.to_owned());
+        tokio::spawn(async move {
+            t.append_ok(&t.key_a, &run, json!([{"type": "custom.tick", "payload": {}}])).await
+        })
+    };
+    let past = tokio::time::timeout(Duration::from_secs(3), async {
+        while !append.is_finished() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .is_ok();
+    tx.rollback().await.expect("free the run");
+    tokio::time::timeout(Duration::from_secs(10), append).await.expect("the append commits").expect("task");
+    past
+}
+
+/// A run this process has just created has no events, and its first append builds on
+/// that without reading the run: 1,000 streaming appends starting at once otherwise sent
+/// their first groups down the locked path, up to 28 ms a group
+/// (docs/benchmarks-log.md, 2026-11-29 22:10).
+#[tokio::test]
+async fn a_run_created_here_is_appended_to_in_one_round_trip_from_its_first_event() {
+    let t = std::sync::Arc::new(TestApp::new().await);
+    let run = t.create_run(&t.key_a).await;
+    assert!(commits_past_a_held_row(&t, &run).await, "the first append read the run under its lock");
+    let seqs: Vec<i64> = t.events(&t.key_a, &run).await.iter().filter_map(|e| e["seq"].as_i64()).collect();
+    assert_eq!(seqs, vec![1]);
+}
+
+/// The head an append leaves is known to every write path of the process: after a
+/// batch that committed on its own (outside the group-commit lanes), the next single
+/// append goes out in one round trip, at the next seq.
+#[tokio::test]
+async fn a_head_left_by_one_write_path_is_built_on_by_the_lanes() {
+    let t = std::sync::Arc::new(TestApp::new().await);
+    let run = t.create_run(&t.key_a).await;
+    let own = agent_stream::storage::group::OWN_COMMIT_FROM;
+    let batch: Vec<Value> = (0..own).map(|n| json!({"type": "custom.tick", "payload": {"n": n}})).collect();
+    t.append_ok(&t.key_a, &run, Value::Array(batch)).await;
+    assert!(commits_past_a_held_row(&t, &run).await, "the lane read the run again");
+    let seqs: Vec<i64> = t.events(&t.key_a, &run).await.iter().filter_map(|e| e["seq"].as_i64()).collect();
+    assert_eq!(seqs, (1..=own as i64 + 1).collect::<Vec<_>>());
 }

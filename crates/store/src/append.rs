@@ -45,7 +45,46 @@ pub struct AppendOutcome {
 }
 
 type RunKey = (String, String);
-pub(crate) type Slot = Arc<tokio::sync::Mutex<Option<RunGuard>>>;
+pub(crate) type Slot = Arc<tokio::sync::Mutex<Option<Cached>>>;
+
+/// How long a run's head this process committed, read under the run's lock or created
+/// is trusted without reading the run again (group commit's one-round-trip path).
+///
+/// The one-round-trip path does not touch the run's row, so it cannot see that the run
+/// was deleted. Only retention deletes, only runs that ended days ago, and nothing can be
+/// appended after a run ended; a head this process knew of such a run before another
+/// process ended it is refused by the log's primary key, as long as the events after
+/// it are still there. They are for days, so a head younger than this minute can only
+/// be followed by a refusal, never by rows written for a deleted run.
+pub const HEAD_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A run's guard as this process last left it, and where the run's log ended then.
+///
+/// One entry per run for every write path of the process (single appends, every
+/// group-commit lane), so whichever path writes next knows the head the last one left.
+#[derive(Clone)]
+pub(crate) struct Cached {
+    /// The run's state up to its last event (`guard.last_seq()` is the head's seq).
+    pub guard: RunGuard,
+    /// The id of the run's last event (`None` before the first).
+    pub last_id: Option<Ulid>,
+    /// When a commit, a read under the run's lock or the run's creation last showed
+    /// the log ending there; `None` once a write built on it failed, until one succeeds.
+    pub confirmed: Option<std::time::Instant>,
+}
+
+impl Cached {
+    /// The cache after a write or a locked read that left the log at `guard`'s seq,
+    /// ending with `last_id`.
+    pub fn confirmed(guard: RunGuard, last_id: Option<Ulid>) -> Cached {
+        Cached { guard, last_id, confirmed: Some(std::time::Instant::now()) }
+    }
+
+    /// Whether the head may be built on without reading the run ([`HEAD_TTL`]).
+    pub fn head_trusted(&self) -> bool {
+        self.confirmed.is_some_and(|at| at.elapsed() < HEAD_TTL)
+    }
+}
 
 /// Most runs whose guards stay cached; idle ones beyond it are dropped.
 pub(crate) const GUARD_CACHE_MAX: usize = 4096;
@@ -95,6 +134,34 @@ impl Guards {
             slots.retain(|_, s| Arc::strong_count(s) > 1);
         }
         slots.entry((tenant.to_owned(), run_id.to_owned())).or_default().clone()
+    }
+
+    /// Whether this process wrote to the run, created it or read it under its lock less
+    /// than [`HEAD_TTL`] ago, so that it exists for `tenant` without a read (retention
+    /// deletes only runs that ended days ago). False when unknown, or when a write holds
+    /// the run right now: ask the database then.
+    pub fn head_known(&self, tenant: &str, run_id: &str) -> bool {
+        let slot = {
+            let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            match slots.get(&(tenant.to_owned(), run_id.to_owned())) {
+                Some(s) => s.clone(),
+                None => return false,
+            }
+        };
+        let known = slot.try_lock().is_ok_and(|c| c.as_ref().is_some_and(Cached::head_trusted));
+        known
+    }
+
+    /// Records a run this process has just created: it has no events, so its first
+    /// append can take group commit's one-round-trip path instead of reading the run.
+    /// (Another process appending first is refused there by the log's primary key, and
+    /// the append is built again under the run's lock.)
+    pub fn created(&self, tenant: &str, run_id: &str) {
+        if let Ok(mut slot) = self.slot(tenant, run_id).try_lock() {
+            if slot.is_none() {
+                *slot = Some(Cached::confirmed(RunGuard::new(), None));
+            }
+        }
     }
 }
 
@@ -183,11 +250,7 @@ struct Target<'a> {
 
 /// One try of [`append_inner`], in its own transaction; `cached` is the run's guard slot,
 /// held by the caller.
-async fn attempt<'b, F>(
-    to: &Target<'_>,
-    build: &mut F,
-    cached: &mut Option<RunGuard>,
-) -> Result<AppendOutcome>
+async fn attempt<'b, F>(to: &Target<'_>, build: &mut F, cached: &mut Option<Cached>) -> Result<AppendOutcome>
 where
     F: FnMut(&RunGuard) -> Result<Cow<'b, [NewEvent]>>,
 {
@@ -216,7 +279,7 @@ where
     let (last_seq, last_id) = heads?.remove(&run_id).unwrap_or((0, None));
 
     let base = match cached.as_ref() {
-        Some(g) if g.last_seq() == last_seq => g.clone(),
+        Some(c) if c.guard.last_seq() == last_seq => c.guard.clone(),
         _ => rebuild_guard(&tx, tenant, &run_id, last_seq).await?,
     };
     if base.last_seq() != last_seq {
@@ -225,6 +288,9 @@ where
             base.last_seq()
         )));
     }
+    // Read under the run's lock: where the log ends now, whatever this append turns out
+    // to be (a retry, a refusal), for the next write on any path.
+    *cached = Some(Cached::confirmed(base.clone(), last_id));
     let events = build(&base)?;
     if events.is_empty() {
         return Err(Error::reject(ErrorCode::BatchEmpty, "the batch holds no events"));
@@ -279,7 +345,7 @@ where
             ));
         }
     }
-    *cached = Some(guard);
+    *cached = Some(Cached::confirmed(guard, ids.last().copied()));
     if let Some(sink) = sink {
         sink.committed(tenant, &run_id, written);
     }

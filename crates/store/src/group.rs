@@ -10,8 +10,9 @@
 //! - it is validated on its own against its run's guard, as in [`super::append`](fn@super::append); a
 //!   refused append gets its error and writes nothing, the others go on;
 //! - an idempotent retry is answered from the stored rows, as alone;
-//! - a group whose runs' heads the lane already knows (from its last commit of them,
-//!   less than [`HEAD_TTL`] ago), which changes no run's state and carries no
+//! - a group whose runs' heads this process already knows (from its last commit of them
+//!   on any path, a read under their locks or their creation, less than [`HEAD_TTL`]
+//!   ago), which changes no run's state and carries no
 //!   idempotency keys goes out in one round trip and writes nothing but its events
 //!   (`run_fast`); a run that moved meanwhile (another process appended) makes the
 //!   events' primary key refuse it, and it is built again under row locks as any other
@@ -27,7 +28,8 @@ use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, oneshot};
 use ulid::Ulid;
 
-use super::append::{next_ids, rebuild_guard, replay_if_retry, AppendOutcome, CommitSink, Guards};
+pub use super::append::HEAD_TTL;
+use super::append::{next_ids, rebuild_guard, replay_if_retry, AppendOutcome, Cached, CommitSink, Guards};
 use super::db::Db;
 use super::rows::{Rows, RunRows};
 use super::runs::{parse_run_id, run_not_found};
@@ -125,24 +127,7 @@ impl GroupCommit {
     }
 }
 
-/// How long a head this lane committed is trusted without reading the run again.
-///
-/// The one-round-trip path does not touch the run's row, so it cannot see that the run
-/// was deleted. Only retention deletes, only runs that ended days ago, and nothing can be
-/// appended after a run ended; a head this lane committed to such a run before another
-/// process ended it is refused by the log's primary key, as long as the events after
-/// it are still there. They are for days, so a head younger than this minute can only
-/// be followed by a refusal, never by rows written for a deleted run.
-pub const HEAD_TTL: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Where this lane last left each of a tenant's runs' heads: run → (last seq, last
-/// event id, when it committed them). An entry counts only while the run's cached guard
-/// ends at the same seq (an append through another path or lane moves the guard, and
-/// the entry is then ignored) and for [`HEAD_TTL`].
-type Heads = HashMap<String, (i64, Option<Ulid>, std::time::Instant)>;
-
 async fn lane(db: Db, guards: Arc<Guards>, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Job>) {
-    let mut heads: HashMap<String, Heads> = HashMap::new();
     while let Some(first) = rx.recv().await {
         // Let the tasks that are ready run once before gathering: appends already on
         // their way (a request parsed, a stream's line read) then join this group
@@ -166,28 +151,14 @@ async fn lane(db: Db, guards: Arc<Guards>, metrics: Arc<Metrics>, mut rx: mpsc::
                 None => by_tenant.push((j.tenant.clone(), vec![j])),
             }
         }
-        if heads.values().map(HashMap::len).sum::<usize>() > super::append::GUARD_CACHE_MAX {
-            heads.clear();
-        }
         // Tenants' groups are separate transactions on separate connections: up to
         // TENANTS_AT_ONCE go out together, so one lane serves many tenants without
         // their commits queueing behind each other, and its next group waits for the
         // slowest. The bound keeps a lane from taking the whole pool.
-        let groups = by_tenant.into_iter().map(|(tenant, jobs)| {
-            let mut own = heads.remove(&tenant).unwrap_or_default();
-            let (db, guards, metrics) = (&db, &guards, &metrics);
-            async move {
-                commit_group(db, guards, metrics, &mut own, &tenant, jobs).await;
-                (tenant, own)
-            }
-        });
+        let groups =
+            by_tenant.into_iter().map(|(tenant, jobs)| commit_group(&db, &guards, &metrics, tenant, jobs));
         use futures::StreamExt;
-        let done: Vec<_> = futures::stream::iter(groups).buffer_unordered(TENANTS_AT_ONCE).collect().await;
-        for (tenant, own) in done {
-            if !own.is_empty() {
-                heads.insert(tenant, own);
-            }
-        }
+        futures::stream::iter(groups).buffer_unordered(TENANTS_AT_ONCE).collect::<()>().await;
     }
 }
 
@@ -199,14 +170,8 @@ struct Locked {
     before: Option<RunState>,
 }
 
-async fn commit_group(
-    db: &Db,
-    guards: &Guards,
-    metrics: &Metrics,
-    heads: &mut Heads,
-    tenant: &str,
-    jobs: Vec<Job>,
-) {
+async fn commit_group(db: &Db, guards: &Guards, metrics: &Metrics, tenant: String, jobs: Vec<Job>) {
+    let tenant = tenant.as_str();
     let mut runs: Vec<String> = jobs.iter().map(|j| j.run_id.clone()).collect();
     runs.sort();
     runs.dedup();
@@ -224,7 +189,7 @@ async fn commit_group(
     }
     let result = {
         use tracing::Instrument;
-        try_group(db, guards.sink(), tenant, &runs, &mut slots, heads, jobs).instrument(span).await
+        try_group(db, guards.sink(), tenant, &runs, &mut slots, jobs).instrument(span).await
     };
     drop(slots);
     match result {
@@ -301,31 +266,38 @@ async fn try_group(
     sink: Option<&dyn CommitSink>,
     tenant: &str,
     runs: &[String],
-    slots: &mut [tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
-    heads: &mut Heads,
+    slots: &mut [tokio::sync::OwnedMutexGuard<Option<Cached>>],
     jobs: Vec<Job>,
 ) -> std::result::Result<(Answers, u64), (Error, Vec<Job>)> {
     let client = match db.pool.get().await {
         Ok(c) => c,
         Err(e) => return Err((e.into(), jobs)),
     };
-    // Whatever happens below, the lane's heads of these runs are only trusted again
-    // once a commit says where they are.
     let cached: Option<HashMap<String, Locked>> = runs
         .iter()
         .enumerate()
         .map(|(i, r)| {
-            let g = slots[i].as_ref()?;
-            let (seq, id, at) = heads.remove(r)?;
-            (seq == g.last_seq() && at.elapsed() < HEAD_TTL).then(|| {
-                (r.clone(), Locked { last_seq: seq, last_id: id, guard: g.clone(), before: g.state() })
-            })
+            let c = slots[i].as_ref().filter(|c| c.head_trusted())?;
+            let g = &c.guard;
+            Some((
+                r.clone(),
+                Locked { last_seq: g.last_seq(), last_id: c.last_id, guard: g.clone(), before: g.state() },
+            ))
         })
         .collect();
     let fast = match cached {
         Some(state) => run_fast(&client, sink, tenant, state, &jobs).await,
         None => Ok(None),
     };
+    if !matches!(fast, Ok(Some(_))) {
+        // A head may have moved (another process appended): none of these runs' heads
+        // is built on again without a read until a commit says where it is.
+        for slot in slots.iter_mut() {
+            if let Some(c) = slot.as_mut() {
+                c.confirmed = None;
+            }
+        }
+    }
     let outcome = match fast {
         Ok(Some(built)) => Ok(built),
         Ok(None) => run_group(&client, sink, tenant, runs, slots, &jobs).await,
@@ -369,8 +341,7 @@ async fn try_group(
     };
     for (i, r) in runs.iter().enumerate() {
         if let Some(s) = state.get(r) {
-            *slots[i] = Some(s.guard.clone());
-            heads.insert(r.clone(), (s.last_seq, s.last_id, std::time::Instant::now()));
+            *slots[i] = Some(Cached::confirmed(s.guard.clone(), s.last_id));
         }
     }
     if let Some(sink) = sink {
@@ -399,7 +370,7 @@ fn hand_over(sink: &dyn CommitSink, tenant: &str, written: Vec<Event>) {
 }
 
 /// The group in one round trip, when the lane knows where each of its runs' heads is
-/// (`state`, from the lane's [`Heads`] and the cached guards), no append carries an
+/// (`state`, from the runs' cached guards and heads), no append carries an
 /// idempotency key (a retry needs a read before its answer) and no run's state changes
 /// (that writes the run's row, under its lock): BEGIN, the tenant setting, the INSERT
 /// and COMMIT are sent together. No row of `runs` is read or written: if another
@@ -469,7 +440,7 @@ async fn run_group(
     sink: Option<&dyn CommitSink>,
     tenant: &str,
     runs: &[String],
-    slots: &[tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
+    slots: &[tokio::sync::OwnedMutexGuard<Option<Cached>>],
     jobs: &[Job],
 ) -> std::result::Result<Built, Failed> {
     let lock = c
@@ -500,7 +471,7 @@ async fn build(
     sink: Option<&dyn CommitSink>,
     tenant: &str,
     runs: &[String],
-    slots: &[tokio::sync::OwnedMutexGuard<Option<RunGuard>>],
+    slots: &[tokio::sync::OwnedMutexGuard<Option<Cached>>],
     rows: &[tokio_postgres::Row],
     heads: &HashMap<String, (i64, Option<Ulid>)>,
     jobs: &[Job],
@@ -515,7 +486,7 @@ async fn build(
             .binary_search(&run_id)
             .map_err(|_| Error::Internal(anyhow::anyhow!("locked a run that was not asked for")))?;
         let guard = match slots[i].as_ref() {
-            Some(g) if g.last_seq() == last_seq => g.clone(),
+            Some(c) if c.guard.last_seq() == last_seq => c.guard.clone(),
             _ => rebuild_guard(c, tenant, &run_id, last_seq).await?,
         };
         if guard.last_seq() != last_seq {

@@ -206,3 +206,81 @@ async fn only_admin_keys_manage_keys_and_only_their_tenants() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
 }
+
+/// A key whose cached answer is missing (or expired) is looked up once, however many of
+/// its requests arrive meanwhile: the others wait for that lookup's answer. Every
+/// request of 1,000 streaming appends of one key used to look it up at once each time
+/// the answer expired, and commits queued behind those lookups for the pool.
+#[tokio::test]
+async fn a_keys_concurrent_requests_wait_for_one_lookup() {
+    use std::time::Duration;
+    let t = std::sync::Arc::new(TestApp::new().await);
+    let key = t.key_for_a(&[Scope::Read]).await.secret;
+    // Lookups wait on this lock: each one waiting shows in pg_stat_activity.
+    let mut holder = t.db.owner().await;
+    let tx = holder.transaction().await.expect("begin");
+    tx.batch_execute("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE").await.expect("lock api_keys");
+    let requests: Vec<_> = (0..20)
+        .map(|_| {
+            let (t, key) = (t.clone(), key.clone());
+            tokio::spawn(async move { t.get_text(&key, "/v1/runs").await.0 })
+        })
+        .collect();
+    let watcher = t.db.owner().await;
+    let waiting = || async {
+        let row = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND query LIKE '%FROM authenticate(%' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .expect("pg_stat_activity");
+        row.get::<_, i64>(0)
+    };
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while waiting().await == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a lookup reached the database");
+    // Time for the other 19 to arrive and, were they not held back, to look it up too.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let lookups = waiting().await;
+    tx.rollback().await.expect("unlock");
+    for r in requests {
+        let status = tokio::time::timeout(Duration::from_secs(10), r).await.expect("answered").expect("task");
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!(lookups, 1, "one lookup for the key's 20 concurrent requests");
+}
+
+/// A key in use is refused within [`AUTH_CACHE_TTL`] of its revocation, although its
+/// cached answer is refreshed ahead of expiry while it is in use.
+///
+/// [`AUTH_CACHE_TTL`]: agent_stream::auth::AUTH_CACHE_TTL
+#[tokio::test]
+async fn a_key_in_use_is_refused_within_the_cache_time_of_its_revocation() {
+    use agent_stream::auth::AUTH_CACHE_TTL;
+    use std::time::{Duration, Instant};
+    let t = TestApp::new().await;
+    let key = t.key_for_a(&[Scope::Read]).await;
+    assert_eq!(t.get_text(&key.secret, "/v1/runs").await.0, StatusCode::OK);
+    let revoked_at = Instant::now();
+    assert!(tenants::revoke_key(&t.db.owner().await, &key.key_id).await.expect("revoke"));
+    loop {
+        let (status, body) = t.get_text(&key.secret, "/v1/runs").await;
+        if status == StatusCode::UNAUTHORIZED {
+            assert!(body.contains("AUTH-INVALID"), "{body}");
+            break;
+        }
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(
+            revoked_at.elapsed() < AUTH_CACHE_TTL + Duration::from_millis(500),
+            "still accepted {:?} after its revocation",
+            revoked_at.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

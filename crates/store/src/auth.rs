@@ -6,7 +6,7 @@
 //! password hash would add latency without adding safety.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::RngCore;
@@ -130,11 +130,29 @@ const AUTH_CACHE_MAX: usize = 10_000;
 /// producer does not pay a database round trip per request.
 #[derive(Default)]
 pub struct Authenticator {
-    cache: Mutex<HashMap<[u8; 32], Cached>>,
+    cache: Mutex<HashMap<[u8; 32], Entry>>,
 }
 
 /// A lookup answer and when it was made.
 type Cached = (Option<Principal>, Instant);
+
+/// A key's cached answer, and the gate its lookups pass one at a time.
+///
+/// When an answer expires, every request and open stream of that key finds it expired
+/// at once: 1,000 streaming appends of one key sent up to a pool's worth of lookups
+/// every [`AUTH_CACHE_TTL`], and the commits queued behind them for connections
+/// (`many-runs`: seconds of 100-200 ms receipt p99 amid 15-30 ms ones, gone with the
+/// answer kept for minutes; docs/benchmarks-log.md, 2026-11-29 22:10). Behind the gate,
+/// one lookup refreshes the answer and the others take it, and a key in use is looked
+/// up again before its answer expires ([`Found::Ahead`]). Written here rather than with
+/// a coalescing cache crate (moka's `try_get_with`), which hands one error to every
+/// waiter and so needs a cloneable error; here a failed lookup is simply tried again by
+/// the next in line.
+#[derive(Default)]
+struct Entry {
+    answer: Option<Cached>,
+    gate: Arc<tokio::sync::Mutex<()>>,
+}
 
 impl Authenticator {
     /// Looks a presented key up; `Ok(None)` when it is unknown or revoked.
@@ -153,11 +171,34 @@ impl Authenticator {
     }
 
     async fn lookup_hash(&self, db: &Db, hash: [u8; 32]) -> Result<Option<Principal>> {
-        if let Some((p, at)) = self.cache_get(&hash) {
-            if at.elapsed() < AUTH_CACHE_TTL {
-                return Ok(p);
+        match self.find(&hash) {
+            Found::Fresh(p) => Ok(p),
+            Found::Ahead(p, turn) => match self.fetch(db, hash, turn).await {
+                Ok(q) => Ok(q),
+                Err(e) => {
+                    tracing::warn!(error = %e, "refreshing an API key's lookup failed; its answer stands until it expires");
+                    Ok(p)
+                }
+            },
+            Found::Wait(gate) => {
+                let turn = gate.lock_owned().await;
+                // The lookup ahead in line may have answered.
+                match self.find(&hash) {
+                    Found::Fresh(p) | Found::Ahead(p, _) => Ok(p),
+                    Found::Wait(_) => self.fetch(db, hash, turn).await,
+                }
             }
         }
+    }
+
+    /// Looks the key up in the database and caches the answer; `_turn` is the key's gate,
+    /// held until the answer is in the cache.
+    async fn fetch(
+        &self,
+        db: &Db,
+        hash: [u8; 32],
+        _turn: tokio::sync::OwnedMutexGuard<()>,
+    ) -> Result<Option<Principal>> {
         let client = db.pool.get().await?;
         let stmt = client.prepare_cached("SELECT tenant_id, key_id, scopes FROM authenticate($1)").await?;
         let row = client.query_opt(&stmt, &[&hash.as_slice()]).await?;
@@ -168,18 +209,48 @@ impl Authenticator {
             key_hash: hash,
         });
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.len() >= AUTH_CACHE_MAX {
-            cache.retain(|_, (_, at)| at.elapsed() < AUTH_CACHE_TTL);
-            if cache.len() >= AUTH_CACHE_MAX {
-                cache.clear();
-            }
-        }
-        cache.insert(hash, (principal.clone(), Instant::now()));
+        make_room(&mut cache, &hash);
+        cache.entry(hash).or_default().answer = Some((principal.clone(), Instant::now()));
         Ok(principal)
     }
 
-    fn cache_get(&self, hash: &[u8; 32]) -> Option<Cached> {
-        self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(hash).cloned()
+    /// What the cache has for the key.
+    fn find(&self, hash: &[u8; 32]) -> Found {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        make_room(&mut cache, hash);
+        let entry = cache.entry(*hash).or_default();
+        match &entry.answer {
+            Some((p, at)) if at.elapsed() < AUTH_CACHE_TTL / 2 => Found::Fresh(p.clone()),
+            Some((p, at)) if at.elapsed() < AUTH_CACHE_TTL => match entry.gate.clone().try_lock_owned() {
+                Ok(turn) => Found::Ahead(p.clone(), turn),
+                Err(_) => Found::Fresh(p.clone()),
+            },
+            _ => Found::Wait(entry.gate.clone()),
+        }
+    }
+}
+
+/// A key's cached answer, as [`Authenticator::find`] finds it.
+enum Found {
+    /// An answer to take as it is.
+    Fresh(Option<Principal>),
+    /// An answer past half its life, and the key's gate: this request looks the key up
+    /// again while every other one still takes the answer, so that, while the key is in
+    /// use, no request waits for a lookup when the answer expires.
+    Ahead(Option<Principal>, tokio::sync::OwnedMutexGuard<()>),
+    /// No answer, or an expired one: wait at the gate for one lookup.
+    Wait(Arc<tokio::sync::Mutex<()>>),
+}
+
+/// Keeps the cache under [`AUTH_CACHE_MAX`] keys before `hash` goes in: expired and
+/// unanswered entries go first, everything if that is not enough.
+fn make_room(cache: &mut HashMap<[u8; 32], Entry>, hash: &[u8; 32]) {
+    if cache.len() < AUTH_CACHE_MAX || cache.contains_key(hash) {
+        return;
+    }
+    cache.retain(|_, e| e.answer.as_ref().is_some_and(|(_, at)| at.elapsed() < AUTH_CACHE_TTL));
+    if cache.len() >= AUTH_CACHE_MAX {
+        cache.clear();
     }
 }
 

@@ -285,12 +285,7 @@ async fn server_named(t: &TestApp, app_name: &str) -> String {
         max_connections: 4,
     })
     .expect("pool");
-    let app = agent_stream::app::App::new(pool, t.app.settings.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let router = agent_stream::http::router(app);
-    tokio::spawn(async move { axum::serve(listener, agent_stream::server::per_connection(router)).await });
-    base
+    crate::common::serve_app("127.0.0.1:0", agent_stream::app::App::new(pool, t.app.settings.clone())).await.0
 }
 
 /// Killing the export's database connection mid-stream gave the client a 200 and a

@@ -194,15 +194,7 @@ fn logging_pool(t: &TestApp) -> Db {
 /// A second service instance on the test's schema whose connections make the
 /// coordinator log every command it sends to a worker.
 async fn logging_instance(t: &TestApp) -> String {
-    let app = App::new(logging_pool(t), t.app.settings.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let router = agent_stream::http::router(app);
-    tokio::spawn(async move {
-        axum::serve(agent_stream::server::no_delay(listener), agent_stream::server::per_connection(router))
-            .await
-    });
-    base
+    crate::common::serve_app("127.0.0.1:0", App::new(logging_pool(t), t.app.settings.clone())).await.0
 }
 
 /// Round trips of an append, a read and a live subscriber's wake-up, counted from the

@@ -15,6 +15,22 @@ use serde_json::{json, Value};
 use tokio::sync::OnceCell;
 
 static BASE_URL: OnceCell<String> = OnceCell::const_new();
+
+/// Serves `app`'s routes on `addr` (`127.0.0.1:0` for any free port) as `serve` does
+/// (no Nagle delay, the routes built once): the base URL, and the server's task.
+pub async fn serve_app(addr: &str, app: AppRef) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let router = agent_stream::http::router(app);
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(
+            agent_stream::server::no_delay(listener),
+            agent_stream::server::per_connection(router),
+        )
+        .await;
+    });
+    (base, task)
+}
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// Where the tests' database server is.
@@ -147,16 +163,7 @@ impl TestApp {
         let pool = Db::new(&DbConfig { url: db.url.clone(), schema: db.schema.clone(), max_connections: 12 })
             .expect("pool");
         let app = App::new(pool, settings);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr"));
-        let router = agent_stream::http::router(app.clone());
-        tokio::spawn(async move {
-            axum::serve(
-                agent_stream::server::no_delay(listener),
-                agent_stream::server::per_connection(router),
-            )
-            .await
-        });
+        let (base, _) = serve_app("127.0.0.1:0", app.clone()).await;
         TestApp {
             base,
             key_a: a.secret,
@@ -178,18 +185,7 @@ impl TestApp {
             max_connections: 8,
         })
         .expect("pool");
-        let app = App::new(pool, self.app.settings.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr"));
-        let router = agent_stream::http::router(app);
-        tokio::spawn(async move {
-            axum::serve(
-                agent_stream::server::no_delay(listener),
-                agent_stream::server::per_connection(router),
-            )
-            .await
-        });
-        base
+        serve_app("127.0.0.1:0", App::new(pool, self.app.settings.clone())).await.0
     }
 
     /// Issues another key for tenant `a` with `scopes`.

@@ -283,15 +283,7 @@ async fn thirty_seconds_without_the_database_gives_503s_then_recovers() {
     let db =
         Db::new(&DbConfig { url: url.clone(), schema: "outage".into(), max_connections: 4 }).expect("pool");
     let app = agent_stream::app::App::new(db, Default::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        axum::serve(
-            agent_stream::server::no_delay(listener),
-            agent_stream::server::per_connection(agent_stream::http::router(app)),
-        )
-        .await
-    });
+    let (base, _) = crate::common::serve_app("127.0.0.1:0", app).await;
     let http = reqwest::Client::new();
     let created: Value =
         http.post(format!("{base}/v1/runs")).bearer_auth(&key).send().await.unwrap().json().await.unwrap();

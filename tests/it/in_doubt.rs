@@ -194,10 +194,7 @@ async fn behind_proxy(t: &TestApp, lanes: usize) -> (CommitCutter, String) {
     let pool = Db::new(&DbConfig { url: proxy.url.clone(), schema: t.db.schema.clone(), max_connections: 4 })
         .expect("pool");
     let app = App::new(pool, Settings { group_commit_lanes: lanes, ..Settings::default() });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let router = agent_stream::http::router(app);
-    tokio::spawn(async move { axum::serve(listener, agent_stream::server::per_connection(router)).await });
+    let (base, _) = crate::common::serve_app("127.0.0.1:0", app).await;
     (proxy, base)
 }
 

@@ -1311,15 +1311,7 @@ async fn a_postgres_restart_mid_stream_loses_and_repeats_nothing() {
     drop(owner);
     let db = Db::new(&DbConfig { url: url.clone(), schema: "restart".into(), max_connections: 4 }).unwrap();
     let app = agent_stream::app::App::new(db, Default::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        axum::serve(
-            agent_stream::server::no_delay(listener),
-            agent_stream::server::per_connection(agent_stream::http::router(app)),
-        )
-        .await
-    });
+    let (base, _) = crate::common::serve_app("127.0.0.1:0", app).await;
     let http = reqwest::Client::new();
 
     // A producer that retries until the service accepts (503s while the database is down).

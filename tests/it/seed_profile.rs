@@ -108,16 +108,7 @@ pub(crate) async fn instance(t: &TestApp, addr: &str) -> (AppRef, String, tokio:
     let pool = Db::new(&DbConfig { url: t.db.url.clone(), schema: t.db.schema.clone(), max_connections: 6 })
         .expect("pool");
     let app = agent_stream::app::App::new(pool, t.app.settings.clone());
-    let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let router = agent_stream::http::router(app.clone());
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(
-            agent_stream::server::no_delay(listener),
-            agent_stream::server::per_connection(router),
-        )
-        .await;
-    });
+    let (base, task) = crate::common::serve_app(addr, app.clone()).await;
     (app, base, task)
 }
 

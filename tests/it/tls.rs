@@ -214,15 +214,7 @@ async fn the_service_runs_over_verify_full() {
     let pool =
         Db::new(&DbConfig { url: url.clone(), schema: schema.into(), max_connections: 4 }).expect("pool");
     let app = agent_stream::app::App::new(pool, Default::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        axum::serve(
-            agent_stream::server::no_delay(listener),
-            agent_stream::server::per_connection(agent_stream::http::router(app)),
-        )
-        .await
-    });
+    let (base, _) = crate::common::serve_app("127.0.0.1:0", app).await;
     let http = reqwest::Client::new();
     let mut ready = None;
     for _ in 0..100 {

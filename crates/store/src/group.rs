@@ -12,11 +12,10 @@
 //! - an idempotent retry is answered from the stored rows, as alone;
 //! - a group whose runs' heads this process already knows (from its last commit of them
 //!   on any path, a read under their locks or their creation, less than [`HEAD_TTL`]
-//!   ago), which changes no run's state and carries no
-//!   idempotency keys goes out in one round trip and writes nothing but its events
-//!   (`run_fast`); a run that moved meanwhile (another process appended) makes the
-//!   events' primary key refuse it, and it is built again under row locks as any other
-//!   group;
+//!   ago), which changes no run's state and carries no idempotency keys goes out in one
+//!   round trip and writes nothing but its events (`run_fast`); a run that moved
+//!   meanwhile (another process appended) makes the events' primary key refuse it, and
+//!   it is built again under row locks as any other group;
 //! - if the shared transaction fails (a race on an idempotency key, a lost
 //!   connection), nothing of the group is stored and every accepted append is redone
 //!   alone through the single-append path, which answers it exactly as it would have.
@@ -369,8 +368,8 @@ fn hand_over(sink: &dyn CommitSink, tenant: &str, written: Vec<Event>) {
     }
 }
 
-/// The group in one round trip, when the lane knows where each of its runs' heads is
-/// (`state`, from the runs' cached guards and heads), no append carries an
+/// The group in one round trip, when this process knows where each of its runs' heads
+/// is (`state`, from the runs' cached guards and heads), no append carries an
 /// idempotency key (a retry needs a read before its answer) and no run's state changes
 /// (that writes the run's row, under its lock): BEGIN, the tenant setting, the INSERT
 /// and COMMIT are sent together. No row of `runs` is read or written: if another

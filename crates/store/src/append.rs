@@ -278,19 +278,26 @@ where
     let now: DateTime<Utc> = row.get(0);
     let (last_seq, last_id) = heads?.remove(&run_id).unwrap_or((0, None));
 
-    let base = match cached.as_ref() {
-        Some(c) if c.guard.last_seq() == last_seq => c.guard.clone(),
-        _ => rebuild_guard(&tx, tenant, &run_id, last_seq).await?,
-    };
-    if base.last_seq() != last_seq {
-        return Err(Error::Internal(anyhow::anyhow!(
-            "run {run_id}: the log ends at seq {last_seq} but its rebuilt guard at {}",
-            base.last_seq()
-        )));
-    }
     // Read under the run's lock: where the log ends now, whatever this append turns out
-    // to be (a retry, a refusal), for the next write on any path.
-    *cached = Some(Cached::confirmed(base.clone(), last_id));
+    // to be (a retry, a refusal), is kept for the next write on any path.
+    let base = match cached.as_mut() {
+        Some(c) if c.guard.last_seq() == last_seq => {
+            c.last_id = last_id;
+            c.confirmed = Some(std::time::Instant::now());
+            c.guard.clone()
+        }
+        _ => {
+            let rebuilt = rebuild_guard(&tx, tenant, &run_id, last_seq).await?;
+            if rebuilt.last_seq() != last_seq {
+                return Err(Error::Internal(anyhow::anyhow!(
+                    "run {run_id}: the log ends at seq {last_seq} but its rebuilt guard at {}",
+                    rebuilt.last_seq()
+                )));
+            }
+            *cached = Some(Cached::confirmed(rebuilt.clone(), last_id));
+            rebuilt
+        }
+    };
     let events = build(&base)?;
     if events.is_empty() {
         return Err(Error::reject(ErrorCode::BatchEmpty, "the batch holds no events"));

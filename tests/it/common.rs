@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use tokio::sync::OnceCell;
 
 static BASE_URL: OnceCell<String> = OnceCell::const_new();
+static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// Serves `app`'s routes on `addr` (`127.0.0.1:0` for any free port) as `serve` does
 /// (no Nagle delay, the routes built once): the base URL, and the server's task.
@@ -31,7 +32,6 @@ pub async fn serve_app(addr: &str, app: AppRef) -> (String, tokio::task::JoinHan
     });
     (base, task)
 }
-static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// Where the tests' database server is.
 pub async fn base_url() -> String {

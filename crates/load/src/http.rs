@@ -93,6 +93,48 @@ impl Conn {
     }
 }
 
+/// One cleartext HTTP/2 connection (prior knowledge) that many producers share, as a
+/// client process running many runs would: each request is a stream multiplexed on it,
+/// so requests that are ready together go out, and are answered, in shared writes.
+#[derive(Clone)]
+pub struct H2Conn {
+    send: hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    base: String,
+}
+
+impl H2Conn {
+    /// Connects to `base` (`http://host:port`) and opens HTTP/2 on the connection.
+    pub async fn open(base: &str) -> anyhow::Result<H2Conn> {
+        let base = base.trim_end_matches('/').to_owned();
+        let host = base.strip_prefix("http://").unwrap_or(&base).to_owned();
+        let tcp = tokio::net::TcpStream::connect(&host).await?;
+        tcp.set_nodelay(true)?;
+        let (send, conn) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(tcp))
+                .await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(H2Conn { send, base })
+    }
+
+    /// `POST path` with a JSON body as `key`, read whole.
+    pub async fn post(&mut self, path: &str, key: &str, json: Bytes) -> anyhow::Result<Answer> {
+        // HTTP/2 carries the scheme and authority as pseudo-headers, taken from the URI.
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(format!("{}{path}", self.base))
+            .header(hyper::header::AUTHORIZATION, format!("Bearer {key}"))
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(json))?;
+        self.send.ready().await?;
+        let r = self.send.send_request(req).await?;
+        let status = r.status();
+        let body = r.into_body().collect().await?.to_bytes();
+        Ok(Answer { status, body })
+    }
+}
+
 /// The request body of a streaming append: lines as they are written.
 type Lines = http_body_util::StreamBody<
     futures::channel::mpsc::Receiver<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>,

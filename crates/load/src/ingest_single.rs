@@ -23,7 +23,7 @@ use agent_stream::auth::Scope;
 use agent_stream::storage::{db, tenants};
 use serde_json::json;
 
-use super::http::{AppendStream, Conn};
+use super::http::{AppendStream, Conn, H2Conn};
 use super::support;
 
 const SECS: u64 = 5;
@@ -223,6 +223,44 @@ async fn service_appends(bin: &Path, url: &str, schema: &str, lanes: usize) -> S
     pass.finish(secs, 0).await
 }
 
+/// The same 64 producers appending single events, each request its own, over `conns`
+/// shared HTTP/2 connections (cleartext) instead of one HTTP/1.1 connection each: what a
+/// client process running many runs sends when its HTTP client speaks HTTP/2. Checked in
+/// SQL like [`service_appends`].
+async fn service_appends_h2(bin: &Path, url: &str, schema: &str, lanes: usize, conns: usize) -> Service {
+    let pass = Pass::start(bin, url, schema, &format!("h2load{lanes}"), lanes).await;
+    let mut shared = vec![];
+    for _ in 0..conns.max(1) {
+        shared.push(H2Conn::open(&pass.server.base).await.expect("connect over HTTP/2"));
+    }
+    let deadline = pass.t0 + Duration::from_secs(SECS);
+    let mut tasks = vec![];
+    for (i, run) in pass.runs.clone().into_iter().enumerate() {
+        let mut http = shared[i % shared.len()].clone();
+        let key = pass.key.clone();
+        let (ok, failed) = (pass.ok.clone(), pass.failed.clone());
+        tasks.push(tokio::spawn(async move {
+            let path = format!("/v1/runs/{run}/events");
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                n += 1;
+                let body = json!([delta(n)]);
+                let r = http.post(&path, &key, body.to_string().into()).await;
+                let counter = if r.as_ref().is_ok_and(|r| r.status == 201) { &ok } else { &failed };
+                counter.fetch_add(1, Ordering::Relaxed);
+                if r.is_err() {
+                    break;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let secs = pass.t0.elapsed().as_secs_f64();
+    pass.finish(secs, 0).await
+}
+
 /// The ceiling of any single-event append over HTTP here: the same 64 connections
 /// asking `GET /healthz` (no body, no authentication, no database) of the same server
 /// as fast as answers come. An append cannot be answered faster than a request that
@@ -337,6 +375,8 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
     let (raw64, _) = raw_inserts(url, schema, 64).await;
     let lanes = std::env::var("INGEST_LANES").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
     let grouped = service_appends(bin, url, schema, lanes).await;
+    let h2_conns = std::env::var("INGEST_H2_CONNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let h2 = service_appends_h2(bin, url, schema, lanes, h2_conns).await;
     let alone = service_appends(bin, url, schema, 0).await;
     let streamed = service_streams(bin, url, schema, lanes).await;
     let ceiling = service_ceiling(bin, url, schema, lanes).await;
@@ -354,6 +394,13 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
             s.failed
         );
     }
+    println!(
+        "| HTTP/2 append, 64 producers over {h2_conns} shared connection(s), group commit ({lanes} lanes) | {:.0} | {:.2} | {:.2} | {} |",
+        h2.rate,
+        h2.rate / raw16,
+        h2.cores.server,
+        h2.failed
+    );
     println!(
         "| ceiling: `GET /healthz`, 64 clients, nothing done (no append can be faster) | {:.0} | {:.2} | {:.2} | {} |",
         ceiling.rate,
@@ -381,6 +428,15 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
         grouped.appends as f64 / grouped.groups.max(1) as f64,
         if grouped.rate >= 2.0 * raw16 { "met" } else { "not met" },
         grouped.rate / raw16
+    );
+    let (pg2, load2, service2) = h2.cores.per_item_us(h2.rate);
+    println!(
+        "HTTP/2: {} appends in {} transactions ({:.1} per commit), {:.2}x raw; CPU per append, µs: PostgreSQL {pg2:.1}, service {service2:.1}, producers {load2:.1}, {:.1} in all",
+        h2.appends,
+        h2.groups,
+        h2.appends as f64 / h2.groups.max(1) as f64,
+        h2.rate / raw16,
+        pg2 + service2 + load2
     );
     println!(
         "HTTP appends reach {:.2} of the ceiling; the ceiling itself is {:.2}x raw",

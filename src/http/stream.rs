@@ -495,15 +495,24 @@ fn shed_notice(at: Cursor, dropped: u64) -> Out {
 }
 
 /// The stream's body: each step's items as SSE frames, in chunks.
-fn chunks<S: Source + Send + 'static>(state: Sending<S>) -> impl Stream<Item = bytes::Bytes> {
-    let ready = std::collections::VecDeque::new();
-    futures::stream::unfold((state, ready), |(mut s, mut ready)| async move {
-        while ready.is_empty() {
-            s.next_chunks(&mut ready).await?;
+///
+/// A generator rather than `futures::stream::unfold`: unfold moves its state and its
+/// next step's future in and out of place for every chunk, two copies of a
+/// `Sending` per chunk per subscriber, which at 1,000 subscribers of one run were
+/// ~4% of the server's CPU (docs/benchmarks-log.md, 2026-11-30). Here the state lives
+/// in one future, polled where it is.
+fn chunks<S: Source + Send + 'static>(mut state: Sending<S>) -> impl Stream<Item = bytes::Bytes> {
+    async_stream::stream! {
+        let mut ready = std::collections::VecDeque::new();
+        loop {
+            while let Some(c) = ready.pop_front() {
+                yield c;
+            }
+            if state.next_chunks(&mut ready).await.is_none() {
+                break;
+            }
         }
-        let c = ready.pop_front()?;
-        Some((c, (s, ready)))
-    })
+    }
 }
 
 #[cfg(test)]

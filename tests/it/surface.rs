@@ -334,3 +334,33 @@ fn the_readmes_error_table_is_every_code_with_its_status() {
         assert!(README.contains(&row), "the README's error table has no row for `{}`", c.as_str());
     }
 }
+
+/// README, "Request ids": every response carries an `x-request-id`, the one the
+/// request sent or else a new one (a random UUID, never the same twice).
+#[tokio::test]
+async fn every_answer_carries_the_request_id_it_was_sent_or_a_new_one() {
+    let t = TestApp::new().await;
+    let mut seen = std::collections::HashSet::new();
+    for path in ["/healthz", "/v1/runs/not-a-run-id", "/no/such/route"] {
+        for _ in 0..20 {
+            let r = t.http.get(format!("{}{path}", t.base)).bearer_auth(&t.key_a).send().await.expect("send");
+            let id = r.headers().get("x-request-id").and_then(|v| v.to_str().ok()).expect("an x-request-id");
+            let b = id.as_bytes();
+            let uuid_v4 = b.len() == 36
+                && [8, 13, 18, 23].iter().all(|&i| b[i] == b'-')
+                && b[14] == b'4'
+                && matches!(b[19], b'8' | b'9' | b'a' | b'b')
+                && b.iter().enumerate().all(|(i, c)| [8, 13, 18, 23].contains(&i) || c.is_ascii_hexdigit());
+            assert!(uuid_v4, "{path}: a random (version 4) UUID, not {id}");
+            assert!(seen.insert(id.to_owned()), "{path}: the request id {id} was given twice");
+        }
+    }
+    let r = t
+        .http
+        .get(format!("{}/healthz", t.base))
+        .header("x-request-id", "trace-me-42")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.headers().get("x-request-id").and_then(|v| v.to_str().ok()), Some("trace-me-42"));
+}

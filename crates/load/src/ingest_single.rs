@@ -7,7 +7,10 @@
 //! must equal the appends answered 201. A last row streams the same deltas through the
 //! streaming append (`POST /v1/runs/{id}/events/stream`, one long-lived request per
 //! producer, up to 64 events unacknowledged), whose events acknowledged per second are
-//! set against the same baseline. `INGEST_IDLE_RUNS=n` gives each pass's tenant `n`
+//! set against the same baseline. An HTTP/2 row sends the same single appends, a
+//! request each, multiplexed over one shared cleartext HTTP/2 connection
+//! (`INGEST_H2_CONNS=n` for more), as a client process running many runs may.
+//! `INGEST_IDLE_RUNS=n` gives each pass's tenant `n`
 //! finished runs besides the producers' (what a tenant has after a while in service).
 //! A ceiling row: the same 64 connections asking `GET /healthz` of the same server,
 //! the most requests per second any HTTP append could be answered at here. A last line

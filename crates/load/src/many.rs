@@ -19,7 +19,8 @@
 //! then producers writing each delta as a line of one long-lived streaming append
 //! (`POST /v1/runs/{id}/events/stream`); `MANY_MODE=single` or `MANY_MODE=streaming`
 //! runs one of them; `MANY_LANES=n` gives the server `n` group-commit lanes (default 2,
-//! the server's own).
+//! the server's own); `MANY_PASSES=n` measures n pairs of passes and prints the spread
+//! of their p99s (min, median, max, and how many are within the target).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -181,20 +182,68 @@ async fn run_mode(bin: &Path, url: &str, schema: &str, streaming: bool) {
     println!(
         "{runs} runs, each a producer {how} every 50 ms for {secs} s and one SSE subscriber (`detail=full`); {lanes} group-commit lanes"
     );
-    let server = support::serve(bin, url, schema, &args).await;
-    let service = pass(&server, &key, runs, secs, streaming, false).await;
+    // `MANY_PASSES=n`: n pairs of passes (the service's, then the floor's), and the
+    // spread of their p99s: on a shared machine one pass's p99 moves by half between
+    // consecutive passes of the same binary, so a target is read over several.
+    let passes: usize = std::env::var("MANY_PASSES").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
+    let mut p99s = Vec::with_capacity(passes);
+    for _ in 0..passes {
+        p99s.push(pair(&Setup { bin, url, schema, args: &args, key: &key, runs, secs, streaming }).await);
+        // Each pass starts from empty tables, as one pass per invocation does: a log
+        // grown by the passes before (and the vacuuming it draws) is another scenario.
+        owner.batch_execute("TRUNCATE agent_run_events, runs").await.expect("truncate");
+    }
+    if passes > 1 {
+        let (mut ours, mut floors): (Vec<f64>, Vec<f64>) = p99s.into_iter().unzip();
+        let within = ours.iter().filter(|p| **p <= TARGET_MS).count();
+        let spread = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            let n = v.len();
+            let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+            format!("{:.1} / {median:.1} / {:.1}", v[0], v[n - 1])
+        };
+        println!(
+            "whole-pass receipt p99 over {passes} passes, min / median / max (ms): agent-stream {}, within {TARGET_MS} ms in {within} of {passes}; the floor {}",
+            spread(&mut ours),
+            spread(&mut floors)
+        );
+    }
+}
+
+/// The target for a whole pass's append → receipt p99, in ms (issue 22).
+const TARGET_MS: f64 = 25.0;
+
+/// What every pass of a run of the scenario shares.
+struct Setup<'a> {
+    bin: &'a Path,
+    url: &'a str,
+    schema: &'a str,
+    /// The server's arguments.
+    args: &'a [&'a str],
+    key: &'a str,
+    runs: usize,
+    secs: u64,
+    streaming: bool,
+}
+
+/// One pass against the service and one against the floor, printed; their whole-pass
+/// receipt p99s (ms).
+async fn pair(setup: &Setup<'_>) -> (f64, f64) {
+    let Setup { bin, url, schema, args, key, runs, secs, streaming } = *setup;
+    let server = support::serve(bin, url, schema, args).await;
+    let service = pass(&server, key, runs, secs, streaming, false).await;
     drop(server);
     // The floor, in the same run: the same producers and readers against a server that
     // only forwards each line (`floor`), so the machine's own share of the latency shows.
     let mut floor = support::floor().await;
-    let bottom = pass(&floor, &key, runs, secs, streaming, true).await;
+    let bottom = pass(&floor, key, runs, secs, streaming, true).await;
     let _ = floor.child.kill().await;
     println!("| server | appends/s achieved (offered) | ratio to offered | append sent → acknowledged (committed) p50 / p99 (ms) | append sent → receipt p50 / p99 (ms) | received / appended | server CPU | server RSS | live reads/s | live reads per append |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     println!("{}", service.row("agent-stream"));
     println!("{}", bottom.row("floor (no service, see `floor`)"));
     println!(
-        "receipt p99: {:.2}× the floor's ({:.2} against {:.2} ms); target p99 ≤ 25 ms",
+        "receipt p99: {:.2}× the floor's ({:.2} against {:.2} ms); target p99 ≤ {TARGET_MS} ms",
         service.receipt.1 / bottom.receipt.1.max(f64::MIN_POSITIVE),
         service.receipt.1,
         bottom.receipt.1
@@ -211,6 +260,7 @@ async fn run_mode(bin: &Path, url: &str, schema: &str, streaming: bool) {
         let seconds: Vec<String> = p.by_second.iter().map(|ms| format!("{ms:.1}")).collect();
         println!("receipt p99 by second of sending, {name} (ms): {}", seconds.join(" "));
     }
+    (service.receipt.1, bottom.receipt.1)
 }
 
 /// One measured pass's figures.

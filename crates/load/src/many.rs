@@ -3,7 +3,8 @@
 //!
 //! `MANY_RUNS` runs (default 1,000), each with a producer appending a single
 //! `text.delta` every 50 ms (20 deltas/s per run, 20,000 events/s in all at the
-//! default) for `MANY_SECS` seconds (default 10), and one SSE subscriber per run
+//! default, each producer at a random phase: [`phase`]) for `MANY_SECS` seconds
+//! (default 10), and one SSE subscriber per run
 //! (`detail=full`, so every event is a frame and its receipt can be timed). Reported:
 //! the appends achieved against those offered (each producer's answered appends over
 //! its own span, summed), append sent → receipt p50/p99 (receipt timed at the socket
@@ -42,6 +43,22 @@ const EVERY: Duration = Duration::from_millis(50);
 /// target is read over the whole pass; the settled figure says how much of the
 /// distance is the start, when the runs all begin within the same second.
 const SETTLING: Duration = Duration::from_secs(2);
+
+/// When a producer's first tick is due: at a random point of the first [`EVERY`] after
+/// now. Token producers are independent of each other; ticking from the moment a
+/// producer's connection opened would line up every producer whose open was answered in
+/// the same instant, and a thousand opens are answered in a few bursts: their ticks then
+/// fall together every 50 ms, a burst no real fleet sends. The floor's p99 went from
+/// 6-16 ms to 1.0-1.2 ms with random phases (docs/benchmarks-log.md, 2026-11-30 02:10),
+/// so most of that was the tool's own bursts. `MANY_PHASE=open` ticks from the open,
+/// as before.
+fn phase() -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    if std::env::var("MANY_PHASE").is_ok_and(|v| v == "open") {
+        return now;
+    }
+    now + Duration::from_micros(rand::random::<u64>() % EVERY.as_micros() as u64)
+}
 
 /// How long a producer was appending: from its first tick to its last append, plus the
 /// interval that append stood for. Producers start one after another while 1,000
@@ -93,7 +110,7 @@ async fn stream_producer(
     let writer = {
         let written = written.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(EVERY);
+            let mut tick = tokio::time::interval_at(phase(), EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             let (deadline, mut n) = (Instant::now() + Duration::from_secs(secs), 0u64);
             let (mut first, mut last) = (None, None);
@@ -374,7 +391,7 @@ async fn pass(
         producers.push(tokio::spawn(async move {
             let Ok(mut http) = Conn::open(&base).await else { return Produced::default() };
             let path = format!("/v1/runs/{run}/events");
-            let mut tick = tokio::time::interval(EVERY);
+            let mut tick = tokio::time::interval_at(phase(), EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             let (deadline, mut n) = (Instant::now() + Duration::from_secs(secs), 0u64);
             let (mut first, mut last) = (None, None);

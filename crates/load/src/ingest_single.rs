@@ -17,6 +17,7 @@
 //! shares out the CPU (every `postgres` process, the service, the producers) per row of
 //! the baseline and of group commit, against what the 2× target leaves per append.
 
+use std::future::Future;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,9 +25,10 @@ use std::time::{Duration, Instant};
 
 use agent_stream::auth::Scope;
 use agent_stream::storage::{db, tenants};
+use bytes::Bytes;
 use serde_json::json;
 
-use super::http::{AppendStream, Conn, H2Conn};
+use super::http::{Answer, AppendStream, Conn, H2Conn};
 use super::support;
 
 const SECS: u64 = 5;
@@ -194,36 +196,11 @@ fn delta(n: u64) -> serde_json::Value {
 /// (0: one transaction per append). Checks in SQL that the rows stored equal the 201s.
 async fn service_appends(bin: &Path, url: &str, schema: &str, lanes: usize) -> Service {
     let pass = Pass::start(bin, url, schema, &format!("load{lanes}"), lanes).await;
-    let deadline = pass.t0 + Duration::from_secs(SECS);
-    let mut tasks = vec![];
-    for run in pass.runs.clone() {
-        let (base, key) = (pass.server.base.clone(), pass.key.clone());
-        let (ok, failed) = (pass.ok.clone(), pass.failed.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut http = Conn::open(&base).await.expect("connect");
-            let path = format!("/v1/runs/{run}/events");
-            let mut n = 0u64;
-            while Instant::now() < deadline {
-                n += 1;
-                let body = json!([delta(n)]);
-                let r = http.post(&path, &key, body.to_string().into()).await;
-                let counter = if r.as_ref().is_ok_and(|r| r.status == 201) { &ok } else { &failed };
-                counter.fetch_add(1, Ordering::Relaxed);
-                if r.is_err() {
-                    // The connection is gone: a new one for the next append.
-                    match Conn::open(&base).await {
-                        Ok(c) => http = c,
-                        Err(_) => break,
-                    }
-                }
-            }
-        }));
+    let mut producers = vec![];
+    for _ in &pass.runs {
+        producers.push(Reconnecting { base: pass.server.base.clone(), conn: None });
     }
-    for t in tasks {
-        t.await.expect("task");
-    }
-    let secs = pass.t0.elapsed().as_secs_f64();
-    pass.finish(secs, 0).await
+    produce(pass, producers).await
 }
 
 /// The same 64 producers appending single events, each request its own, over `conns`
@@ -236,10 +213,62 @@ async fn service_appends_h2(bin: &Path, url: &str, schema: &str, lanes: usize, c
     for _ in 0..conns.max(1) {
         shared.push(H2Conn::open(&pass.server.base).await.expect("connect over HTTP/2"));
     }
+    let producers = (0..pass.runs.len()).map(|i| shared[i % shared.len()].clone()).collect();
+    produce(pass, producers).await
+}
+
+/// How a producer sends its appends, one request each.
+trait Poster: Send + 'static {
+    /// `POST path` with a JSON body as `key`.
+    fn post(
+        &mut self,
+        path: &str,
+        key: &str,
+        json: Bytes,
+    ) -> impl Future<Output = anyhow::Result<Answer>> + Send;
+    /// After a request got no answer: whether to go on.
+    fn recover(&mut self) -> impl Future<Output = bool> + Send;
+}
+
+/// One HTTP/1.1 connection of its own, opened again when it breaks.
+struct Reconnecting {
+    base: String,
+    conn: Option<Conn>,
+}
+
+impl Poster for Reconnecting {
+    async fn post(&mut self, path: &str, key: &str, json: Bytes) -> anyhow::Result<Answer> {
+        let conn = match &mut self.conn {
+            Some(c) => c,
+            None => self.conn.insert(Conn::open(&self.base).await?),
+        };
+        conn.post(path, key, json).await
+    }
+
+    async fn recover(&mut self) -> bool {
+        // The connection is gone: a new one for the next append.
+        self.conn = Conn::open(&self.base).await.ok();
+        self.conn.is_some()
+    }
+}
+
+impl Poster for H2Conn {
+    async fn post(&mut self, path: &str, key: &str, json: Bytes) -> anyhow::Result<Answer> {
+        H2Conn::post(self, path, key, json).await
+    }
+
+    async fn recover(&mut self) -> bool {
+        // The shared connection is gone for every producer on it.
+        false
+    }
+}
+
+/// Each of `pass`'s runs appended to by its producer, as fast as answers come, for
+/// [`SECS`]; then the pass read against the rows stored.
+async fn produce<P: Poster>(pass: Pass, producers: Vec<P>) -> Service {
     let deadline = pass.t0 + Duration::from_secs(SECS);
     let mut tasks = vec![];
-    for (i, run) in pass.runs.clone().into_iter().enumerate() {
-        let mut http = shared[i % shared.len()].clone();
+    for (run, mut http) in pass.runs.clone().into_iter().zip(producers) {
         let key = pass.key.clone();
         let (ok, failed) = (pass.ok.clone(), pass.failed.clone());
         tasks.push(tokio::spawn(async move {
@@ -251,7 +280,7 @@ async fn service_appends_h2(bin: &Path, url: &str, schema: &str, lanes: usize, c
                 let r = http.post(&path, &key, body.to_string().into()).await;
                 let counter = if r.as_ref().is_ok_and(|r| r.status == 201) { &ok } else { &failed };
                 counter.fetch_add(1, Ordering::Relaxed);
-                if r.is_err() {
+                if r.is_err() && !http.recover().await {
                     break;
                 }
             }

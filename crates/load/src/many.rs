@@ -21,7 +21,8 @@
 //! (`POST /v1/runs/{id}/events/stream`); `MANY_MODE=single` or `MANY_MODE=streaming`
 //! runs one of them; `MANY_LANES=n` gives the server `n` group-commit lanes (default 2,
 //! the server's own); `MANY_PASSES=n` measures n pairs of passes and prints the spread
-//! of their p99s (min, median, max, and how many are within the target).
+//! of their p99s (min, median, max, and how many are within the target);
+//! `MANY_PHASE=open` has each producer tick from its open instead of at a random phase.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -49,8 +50,8 @@ const SETTLING: Duration = Duration::from_secs(2);
 /// producer's connection opened would line up every producer whose open was answered in
 /// the same instant, and a thousand opens are answered in a few bursts: their ticks then
 /// fall together every 50 ms, a burst no real fleet sends. The floor's p99 went from
-/// 6-16 ms to 1.0-1.2 ms with random phases (docs/benchmarks-log.md, 2026-11-30 02:10),
-/// so most of that was the tool's own bursts. `MANY_PHASE=open` ticks from the open,
+/// 5.7-15.7 ms to 0.8-1.2 ms with random phases (docs/benchmarks-log.md, 2026-11-30
+/// 02:03), so most of that was the tool's own bursts. `MANY_PHASE=open` ticks from the open,
 /// as before.
 fn phase() -> tokio::time::Instant {
     let now = tokio::time::Instant::now();
@@ -207,7 +208,7 @@ async fn run_mode(bin: &Path, url: &str, schema: &str, streaming: bool) {
     for _ in 0..passes {
         p99s.push(pair(&Setup { bin, url, schema, args: &args, key: &key, runs, secs, streaming }).await);
         // Each pass starts from empty tables, as one pass per invocation does: a log
-        // grown by the passes before (and the vacuuming it draws) is another scenario.
+        // grown by the passes before is another scenario (passes got slower as it grew).
         owner.batch_execute("TRUNCATE agent_run_events, runs").await.expect("truncate");
     }
     if passes > 1 {

@@ -723,11 +723,16 @@ async fn a_tenants_single_appends_to_several_runs_gather_in_one_lane() {
 /// key fails, and the locked path waits for the row).
 async fn hold_as_a_locked_writer(tx: &tokio_postgres::Transaction<'_>, tenant: &str, run: &str) {
     use agent_stream::storage::rows::{writer_keys, HOLD_RUNS};
+    hold_the_row(tx, tenant, run).await;
+    tx.execute(HOLD_RUNS, &[&writer_keys([run])]).await.expect("writer key");
+}
+
+/// Takes `run`'s row lock in `tx`.
+async fn hold_the_row(tx: &tokio_postgres::Transaction<'_>, tenant: &str, run: &str) {
     // By tenant and run: Citus routes a row lock only by its distribution column.
     tx.query_one("SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE", &[&tenant, &run])
         .await
         .expect("row lock");
-    tx.execute(HOLD_RUNS, &[&writer_keys([run])]).await.expect("writer key");
 }
 
 /// Whether a keyless single append to `run` commits while another connection holds the
@@ -737,9 +742,7 @@ async fn commits_past_a_held_row(t: &std::sync::Arc<TestApp>, run: &str) -> bool
     use std::time::Duration;
     let mut other = t.db.owner().await;
     let tx = other.transaction().await.expect("begin");
-    tx.query_one("SELECT 1 FROM runs WHERE tenant_id = $1 AND run_id = $2 FOR UPDATE", &[&t.tenant_a, &run])
-        .await
-        .expect("row lock");
+    hold_the_row(&tx, &t.tenant_a, run).await;
     let append = {
         let (t, run) = (t.clone(), run.to_owned());
         tokio::spawn(async move {

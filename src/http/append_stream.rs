@@ -92,10 +92,9 @@ pub(crate) async fn append_stream(
     // ahead of the lanes' commits for the pool's connections (docs/benchmarks-log.md,
     // 2026-11-29 22:10).
     let run_id = crate::storage::runs::parse_run_id(&run_id)?;
-    let run_id = match app.guards.head_known(&who.tenant_id, &run_id) {
-        true => run_id,
-        false => crate::storage::runs::get_run(&app.db, &who.tenant_id, &run_id).await?.run_id,
-    };
+    if !app.guards.head_known(&who.tenant_id, &run_id) {
+        crate::storage::runs::get_run(&app.db, &who.tenant_id, &run_id).await?;
+    }
     // Asking for the body once before answering makes hyper send `100 Continue` ahead of
     // the 200 to a client that waits for it (curl does, for a body of unknown length);
     // a client that sees a final answer first stops sending.

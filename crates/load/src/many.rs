@@ -276,7 +276,11 @@ async fn pair(setup: &Setup<'_>) -> (f64, f64) {
     );
     for (name, p) in [("agent-stream", &service), ("floor", &bottom)] {
         let seconds: Vec<String> = p.by_second.iter().map(|ms| format!("{ms:.1}")).collect();
-        println!("receipt p99 by second of sending, {name} (ms): {}", seconds.join(" "));
+        println!(
+            "receipt p99 by second of sending from {}, {name} (ms): {}",
+            p.began.format("%H:%M:%S%.3f UTC"),
+            seconds.join(" ")
+        );
     }
     (service.receipt.1, bottom.receipt.1)
 }
@@ -293,6 +297,8 @@ struct Pass {
     settled: (f64, f64),
     /// Receipt p99 (ms) of the appends sent in each second of the pass, from its first.
     by_second: Vec<f64>,
+    /// When the producers started, so a slow second can be matched with the database's log.
+    began: chrono::DateTime<chrono::Utc>,
     received: usize,
     appended: u64,
     cpu: f64,
@@ -378,6 +384,7 @@ async fn pass(
     let mut watch = Conn::open(&server.base).await.expect("connect");
     let reads0 = support::scrape(&mut watch, "agent_stream_live_reads_total").await;
     let (cpu0, wall0) = (support::cpu_secs(server.pid), Instant::now());
+    let began = chrono::Utc::now();
     // The producers: one connection each, an append every 50 ms for `secs`.
     let sent: Arc<Mutex<HashMap<(usize, i64), u64>>> = Default::default();
     COMMITTED.lock().unwrap_or_else(|p| p.into_inner()).clear();
@@ -469,6 +476,7 @@ async fn pass(
     let mut committed = std::mem::take(&mut *COMMITTED.lock().unwrap_or_else(|p| p.into_inner()));
     Pass {
         by_second: by_second.iter_mut().map(|l| support::pct(l, 0.99)).collect(),
+        began,
         offered: runs as f64 * (1000.0 / EVERY.as_millis() as f64),
         achieved,
         committed: (support::pct(&mut committed, 0.5), support::pct(&mut committed, 0.99)),

@@ -1,5 +1,5 @@
-//! `ingest-single`: 64 producers, each appending single ~100-byte text deltas to its
-//! own run over HTTP as fast as answers come, for 5 s, with group commit on (2 lanes, the
+//! `ingest-single`: 64 producers (`INGEST_PRODUCERS=n` for another count), each
+//! appending single ~100-byte text deltas to its own run over HTTP as fast as answers come, for 5 s, with group commit on (2 lanes, the
 //! default; `INGEST_LANES=n` for another count) and off; baseline: single-row autocommit INSERTs of the same rows into a table like
 //! `agent_run_events` from 16 and from 64 connections. The service is a separate
 //! `agent-stream serve` process (release binary, rate limit off), so its CPU is read
@@ -12,7 +12,7 @@
 //! (`INGEST_H2_CONNS=n` for more), as a client process running many runs may.
 //! `INGEST_IDLE_RUNS=n` gives each pass's tenant `n`
 //! finished runs besides the producers' (what a tenant has after a while in service).
-//! A ceiling row: the same 64 connections asking `GET /healthz` of the same server,
+//! A ceiling row: as many connections as producers asking `GET /healthz` of the same server,
 //! the most requests per second any HTTP append could be answered at here. A last line
 //! shares out the CPU (every `postgres` process, the service, the producers) per row of
 //! the baseline and of group commit, against what the 2× target leaves per append.
@@ -32,7 +32,12 @@ use super::http::{Answer, AppendStream, Conn, H2Conn};
 use super::support;
 
 const SECS: u64 = 5;
-const PRODUCERS: usize = 64;
+/// Producers of the service's passes, one run and connection each: 64 (the issue's
+/// figure), or `INGEST_PRODUCERS`. Each waits for its answer before the next append, so
+/// how many there are bounds how many appends a commit can gather.
+fn producers() -> usize {
+    std::env::var("INGEST_PRODUCERS").ok().and_then(|v| v.parse().ok()).unwrap_or(64)
+}
 /// The server's count of group-commit transactions.
 const GROUPS: &str = "agent_stream_commit_groups_total";
 
@@ -119,7 +124,7 @@ impl Pass {
         .await;
         let mut http = Conn::open(&server.base).await.expect("connect");
         let mut runs = vec![];
-        for _ in 0..PRODUCERS {
+        for _ in 0..producers() {
             runs.push(support::create_run(&mut http, &issued.secret).await);
         }
         let groups_before = support::scrape(&mut http, GROUPS).await;
@@ -192,7 +197,7 @@ fn delta(n: u64) -> serde_json::Value {
     json!({"type": "text.delta", "payload": {"text": format!("token {n} lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod")}})
 }
 
-/// 64 producers against a separate `agent-stream serve` with `lanes` group-commit lanes
+/// The producers against a separate `agent-stream serve` with `lanes` group-commit lanes
 /// (0: one transaction per append). Checks in SQL that the rows stored equal the 201s.
 async fn service_appends(bin: &Path, url: &str, schema: &str, lanes: usize) -> Service {
     let pass = Pass::start(bin, url, schema, &format!("load{lanes}"), lanes).await;
@@ -203,7 +208,7 @@ async fn service_appends(bin: &Path, url: &str, schema: &str, lanes: usize) -> S
     produce(pass, producers).await
 }
 
-/// The same 64 producers appending single events, each request its own, over `conns`
+/// The same producers appending single events, each request its own, over `conns`
 /// shared HTTP/2 connections (cleartext) instead of one HTTP/1.1 connection each: what a
 /// client process running many runs sends when its HTTP client speaks HTTP/2. Checked in
 /// SQL like [`service_appends`].
@@ -293,7 +298,7 @@ async fn produce<P: Poster>(pass: Pass, producers: Vec<P>) -> Service {
     pass.finish(secs, 0).await
 }
 
-/// The ceiling of any single-event append over HTTP here: the same 64 connections
+/// The ceiling of any single-event append over HTTP here: as many connections as producers
 /// asking `GET /healthz` (no body, no authentication, no database) of the same server
 /// as fast as answers come. An append cannot be answered faster than a request that
 /// does nothing, so it sets what the 2× target can be held against on this machine.
@@ -301,7 +306,7 @@ async fn service_ceiling(bin: &Path, url: &str, schema: &str, lanes: usize) -> S
     let mut pass = Pass::start(bin, url, schema, "ceiling", lanes).await;
     let deadline = pass.t0 + Duration::from_secs(SECS);
     let mut tasks = vec![];
-    for _ in 0..PRODUCERS {
+    for _ in 0..producers() {
         let base = pass.server.base.clone();
         let (ok, failed) = (pass.ok.clone(), pass.failed.clone());
         tasks.push(tokio::spawn(async move {
@@ -329,7 +334,7 @@ async fn service_ceiling(bin: &Path, url: &str, schema: &str, lanes: usize) -> S
 /// service commits rather than what it buffers.
 const WINDOW: usize = 64;
 
-/// 64 producers, each with one streaming append (`POST /v1/runs/{id}/events/stream`)
+/// The producers, each with one streaming append (`POST /v1/runs/{id}/events/stream`)
 /// writing single text deltas as lines, up to [`WINDOW`] unacknowledged, against a
 /// separate server with `lanes` group-commit lanes. The rate counts acknowledged events;
 /// the rows stored are checked against them in SQL.
@@ -405,6 +410,7 @@ fn late_acks(n: u64) {
 pub async fn run(bin: &Path, url: &str, schema: &str) {
     let (raw16, raw_cores) = raw_inserts(url, schema, 16).await;
     let (raw64, _) = raw_inserts(url, schema, 64).await;
+    let n = producers();
     let lanes = std::env::var("INGEST_LANES").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
     let grouped = service_appends(bin, url, schema, lanes).await;
     let h2_conns = std::env::var("INGEST_H2_CONNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
@@ -419,7 +425,7 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
     let name = format!("group commit ({lanes} lanes)");
     for (name, s) in [(name.as_str(), &grouped), ("one commit per append", &alone)] {
         println!(
-            "| HTTP append, 64 producers, {name} | {:.0} | {:.2} | {:.2} | {} |",
+            "| HTTP append, {n} producers, {name} | {:.0} | {:.2} | {:.2} | {} |",
             s.rate,
             s.rate / raw16,
             s.cores.server,
@@ -427,21 +433,21 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
         );
     }
     println!(
-        "| HTTP/2 append, 64 producers over {h2_conns} shared connection(s), group commit ({lanes} lanes) | {:.0} | {:.2} | {:.2} | {} |",
+        "| HTTP/2 append, {n} producers over {h2_conns} shared connection(s), group commit ({lanes} lanes) | {:.0} | {:.2} | {:.2} | {} |",
         h2.rate,
         h2.rate / raw16,
         h2.cores.server,
         h2.failed
     );
     println!(
-        "| ceiling: `GET /healthz`, 64 clients, nothing done (no append can be faster) | {:.0} | {:.2} | {:.2} | {} |",
+        "| ceiling: `GET /healthz`, {n} clients, nothing done (no append can be faster) | {:.0} | {:.2} | {:.2} | {} |",
         ceiling.rate,
         ceiling.rate / raw16,
         ceiling.cores.server,
         ceiling.failed
     );
     println!(
-        "| streaming append (`/events/stream`), 64 producers, {WINDOW} unacknowledged each, {lanes} lanes | {:.0} | {:.2} | {:.2} | {} |",
+        "| streaming append (`/events/stream`), {n} producers, {WINDOW} unacknowledged each, {lanes} lanes | {:.0} | {:.2} | {:.2} | {} |",
         streamed.rate,
         streamed.rate / raw16,
         streamed.cores.server,
@@ -454,7 +460,7 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
         streamed.appends as f64 / streamed.groups.max(1) as f64
     );
     println!(
-        "group commit: {} appends in {} transactions ({:.1} per commit); target >= 2x raw: {} ({:.2}x)",
+        "group commit, {n} producers: {} appends in {} transactions ({:.1} per commit); target >= 2x raw (read at 64 producers): {} ({:.2}x)",
         grouped.appends,
         grouped.groups,
         grouped.appends as f64 / grouped.groups.max(1) as f64,

@@ -59,6 +59,7 @@ pub async fn run(scenario: &str, bin: &Path) -> anyhow::Result<()> {
         anyhow::bail!("unknown scenario `{scenario}`; known: {}", SCENARIOS.join(", "));
     }
     println!("date: {}", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    println!("machine: {}", machine());
     if scenario == "fold" {
         fold::run();
         return Ok(());
@@ -105,4 +106,20 @@ async fn database_url(scenario: &str) -> anyhow::Result<Option<String>> {
         default_data_dir().display()
     );
     Ok(None)
+}
+
+/// The processor and core count this run measures on. Figures from the machines these
+/// scenarios run on differ by kind (an Intel Xeon and an AMD EPYC have both been
+/// handed out, and the same build's ratios differ between them), so every run says which.
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines().find_map(|l| {
+                l.strip_prefix("model name").map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
+        })
+        .unwrap_or_else(|| "an unknown processor".to_owned());
+    format!("{model}, {cores} cores")
 }

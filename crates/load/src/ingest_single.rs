@@ -1,7 +1,8 @@
 //! `ingest-single`: 64 producers (`INGEST_PRODUCERS=n` for another count), each
-//! appending single ~100-byte text deltas to its own run over HTTP as fast as answers come, for 5 s, with group commit on (2 lanes, the
-//! default; `INGEST_LANES=n` for another count) and off; baseline: single-row autocommit INSERTs of the same rows into a table like
-//! `agent_run_events` from 16 and from 64 connections. The service is a separate
+//! appending single ~100-byte text deltas to its own run over HTTP as fast as answers
+//! come, for 5 s, with group commit on (2 lanes, the default; `INGEST_LANES=n` for another
+//! count) and off; baseline: single-row autocommit INSERTs of the same rows into a table
+//! like `agent_run_events` from 16 and from 64 connections. The service is a separate
 //! `agent-stream serve` process (release binary, rate limit off), so its CPU is read
 //! apart from the producers'; the rows it stored are counted in SQL after each run and
 //! must equal the appends answered 201. A last row streams the same deltas through the
@@ -36,7 +37,7 @@ const SECS: u64 = 5;
 /// figure), or `INGEST_PRODUCERS`. Each waits for its answer before the next append, so
 /// how many there are bounds how many appends a commit can gather.
 fn producers() -> usize {
-    std::env::var("INGEST_PRODUCERS").ok().and_then(|v| v.parse().ok()).unwrap_or(64)
+    std::env::var("INGEST_PRODUCERS").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(64)
 }
 /// The server's count of group-commit transactions.
 const GROUPS: &str = "agent_stream_commit_groups_total";
@@ -459,12 +460,17 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
         streamed.groups,
         streamed.appends as f64 / streamed.groups.max(1) as f64
     );
+    // The target is read at the 64 producers; another count is a different pass.
+    let verdict = match (n, grouped.rate >= 2.0 * raw16) {
+        (64, true) => "target >= 2x raw: met",
+        (64, false) => "target >= 2x raw: not met",
+        _ => "the target (>= 2x raw) is read at 64 producers",
+    };
     println!(
-        "group commit, {n} producers: {} appends in {} transactions ({:.1} per commit); target >= 2x raw (read at 64 producers): {} ({:.2}x)",
+        "group commit, {n} producers: {} appends in {} transactions ({:.1} per commit), {:.2}x raw; {verdict}",
         grouped.appends,
         grouped.groups,
         grouped.appends as f64 / grouped.groups.max(1) as f64,
-        if grouped.rate >= 2.0 * raw16 { "met" } else { "not met" },
         grouped.rate / raw16
     );
     let (pg2, load2, service2) = h2.cores.per_item_us(h2.rate);

@@ -63,6 +63,10 @@ const GOING_AWAY: u16 = 1001;
 /// the server's CPU, and it made each connection hold 128 KiB resident.
 const WS_READ_BUFFER: usize = 4 * 1024;
 
+/// Client messages read ahead of the protocol handler (they are few: init, subscribe,
+/// ping, complete); the reader waits when this many are unhandled.
+const READ_AHEAD: usize = 8;
+
 /// Largest message a client may send (a subscribe with its variables): far above any
 /// real operation, far below tungstenite's 64 MiB default.
 const MAX_MESSAGE: usize = 1 << 20;
@@ -201,7 +205,23 @@ async fn serve_ws(socket: WebSocket, schema: AgentSchema, protocol: WebSocketPro
     let _open = app.socket_open();
     let mut stopping = app.stopping();
     let state = Arc::new(Socket::default());
-    let (mut sink, stream) = socket.split();
+    let (mut sink, mut stream) = socket.split();
+    // The client's messages are read on a task of their own. async-graphql's protocol
+    // stream polls its input each time it is polled for output, and each of those read
+    // attempts sized and zeroed tungstenite's read buffer: 7.5% of the server's samples
+    // at 1,000 subscribers (docs/benchmarks-log.md, 2026-11-30 06:30). The set aborts the
+    // reader when this connection ends, so a client that never sends cannot hold it open.
+    let mut reader = tokio::task::JoinSet::new();
+    let (read, received) = tokio::sync::mpsc::channel(READ_AHEAD);
+    reader.spawn(async move {
+        while let Some(m) = stream.next().await {
+            let failed = m.is_err();
+            if read.send(m).await.is_err() || failed {
+                break;
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(received);
     let input = {
         let (app, state) = (app.clone(), state.clone());
         stream

@@ -63,9 +63,10 @@ const GOING_AWAY: u16 = 1001;
 /// the server's CPU, and it made each connection hold 128 KiB resident.
 const WS_READ_BUFFER: usize = 4 * 1024;
 
-/// Client messages read ahead of the protocol handler (they are few: init, subscribe,
-/// ping, complete); the reader waits when this many are unhandled.
-const READ_AHEAD: usize = 8;
+/// Client messages read ahead of the protocol handler: one, so that a client sending
+/// large messages to a socket whose handler is not taking them (its sends are stuck)
+/// has no more of them held here than the socket's own read buffer held before.
+const READ_AHEAD: usize = 1;
 
 /// Largest message a client may send (a subscribe with its variables): far above any
 /// real operation, far below tungstenite's 64 MiB default.

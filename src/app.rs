@@ -165,7 +165,7 @@ impl App {
         let auth = Arc::new(Authenticator::default());
         let live = Arc::new(crate::live::Live::start(db.clone(), auth.clone(), metrics.clone()));
         // A fresh set of guards has no sink yet, so this cannot be refused.
-        let _ = guards.hand_commits_to(live.feeds.clone());
+        let _ = guards.hand_commits_to(live.commit_sink());
         if let Some(idle) = settings.pool_idle {
             tokio::spawn(close_idle_connections(db.clone(), idle));
         }

@@ -788,3 +788,58 @@ async fn a_head_left_by_one_write_path_is_built_on_by_the_lanes() {
     let seqs: Vec<i64> = t.events(&t.key_a, &run).await.iter().filter_map(|e| e["seq"].as_i64()).collect();
     assert_eq!(seqs, (1..=own as i64 + 1).collect::<Vec<_>>());
 }
+
+/// A producer that hangs up while its append commits (fire and forget: a last
+/// `run.lifecycle` sent on the way out) still has it announced: the row writer wakes the
+/// run's subscribers and notifies other processes, not the request that is gone. Before,
+/// the notification was sent from the request after its answer came, and a dropped
+/// request left other processes to find the events by their safety poll.
+#[tokio::test]
+async fn an_append_whose_client_hangs_up_mid_commit_is_still_announced() {
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+    let t = TestApp::new().await;
+    let run = t.create_run(&t.key_a).await;
+    t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
+    // The owner listens on the schema's channel, as another process does.
+    let owner = t.db.owner().await;
+    let secret = agent_stream::live::Secret::load(&owner).await.expect("secret");
+    let (listening, mut heard) = crate::attack::login_listening(&t, None).await;
+    listening
+        .batch_execute(&format!("SET search_path TO \"{}\"; LISTEN \"{}\"", t.db.schema, secret.channel()))
+        .await
+        .expect("listen");
+    // What the earlier writes announced has gone out (the notifier gathers for 3 ms).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while heard.try_recv().is_ok() {}
+    // Another process's locked writer holds the run: the append waits for it, in its lane.
+    let mut other = t.db.owner().await;
+    let tx = other.transaction().await.expect("begin");
+    hold_as_a_locked_writer(&tx, &t.tenant_a, &run).await;
+    let host = t.base.trim_start_matches("http://");
+    let mut tcp = tokio::net::TcpStream::connect(host).await.expect("connect");
+    let body = json!([{"type": "run.lifecycle", "payload": {"state": "done"}}]).to_string();
+    let request = format!(
+        "POST /v1/runs/{run}/events HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        t.key_a,
+        body.len()
+    );
+    tcp.write_all(request.as_bytes()).await.expect("request");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The producer hangs up without its answer; then the other writer lets go.
+    drop(tcp);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tx.rollback().await.expect("free the run");
+    let stored = async {
+        while t.stored_count(&t.tenant_a, &run).await < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), stored).await.expect("the append commits");
+    let (_, payload) = tokio::time::timeout(Duration::from_secs(5), heard.recv())
+        .await
+        .expect("a notification for the append whose client hung up")
+        .expect("listening");
+    assert!(payload.lines().count() >= 2, "a payload naming a run: {payload}");
+}

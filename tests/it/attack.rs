@@ -728,7 +728,7 @@ async fn stuck_sse_readers_are_dropped_after_the_stall_time_and_the_memory_comes
 
 /// A connection as `user` (password `pw`; `None`: the owner) whose notifications
 /// arrive on the receiver.
-async fn login_listening(
+pub(crate) async fn login_listening(
     t: &TestApp,
     user: Option<&str>,
 ) -> (tokio_postgres::Client, tokio::sync::mpsc::UnboundedReceiver<(String, String)>) {

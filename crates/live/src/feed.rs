@@ -18,7 +18,7 @@
 //! as the feed's pages carry its rendering again.
 //!
 //! **This process's own commits are not read back.** The row writer hands each commit
-//! of a followed run to its feed ([`CommitSink`]), as the events will read from the
+//! of a followed run to its feed ([`CommitSink`](agent_stream_store::append::CommitSink)), as the events will read from the
 //! table; a feed takes those that continue its cursor and reads only for what they do
 //! not cover: another process's appends (learned from the listener or the safety
 //! poll), a handover that did not fit its queue, a forced re-read. Before, every commit
@@ -36,7 +36,6 @@ use super::{Hub, ViewCache};
 use agent_stream_core::dialect::{render, Format, Out, RunCtx, Step, Wire};
 use agent_stream_core::domain::Event;
 use agent_stream_core::projection::{updates, RunView, ViewUpdate};
-use agent_stream_store::append::CommitSink;
 use agent_stream_store::Db;
 
 /// A page of consecutive events, shared by all subscribers of a run.
@@ -330,13 +329,15 @@ pub struct Feeds {
     taken: AtomicU64,
 }
 
-impl CommitSink for Feeds {
-    fn follows(&self, tenant: &str, run_id: &str) -> bool {
+impl Feeds {
+    /// True when a feed here has subscribers of the run (see [`agent_stream_store::append::CommitSink::follows`]).
+    pub(crate) fn follows(&self, tenant: &str, run_id: &str) -> bool {
         let feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
         feeds.get(&(tenant.to_owned(), run_id.to_owned())).is_some_and(|f| f.tx.receiver_count() > 0)
     }
 
-    fn committed(&self, tenant: &str, run_id: &str, events: Vec<Event>) {
+    /// Hands a commit's events to the run's feed (see [`agent_stream_store::append::CommitSink::committed`]).
+    pub(crate) fn committed(&self, tenant: &str, run_id: &str, events: Vec<Event>) {
         let feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = feeds.get(&(tenant.to_owned(), run_id.to_owned())) {
             // Full or closed: the feed reads these rows when the commit's wake-up comes.

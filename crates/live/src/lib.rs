@@ -47,6 +47,7 @@ pub use views::ViewCache;
 
 use std::sync::Arc;
 
+use agent_stream_store::append::CommitSink;
 use agent_stream_store::auth::Authenticator;
 use agent_stream_store::metrics::Metrics;
 use agent_stream_store::Db;
@@ -227,11 +228,44 @@ impl Live {
         self.feeds.join(&self.db, &self.hub, &self.views, tenant, run_id, from, want, stopping)
     }
 
-    /// An append committed: wake local subscribers now, tell other processes soon.
+    /// A write committed: wake local subscribers now, tell other processes soon.
     pub fn committed(&self, tenant: &str, run_id: &str, last_seq: i64) {
-        self.hub.publish(tenant, run_id, last_seq);
-        // A full queue only delays other processes until the safety poll.
-        let _ = self.outbox.try_send((tenant.to_owned(), run_id.to_owned()));
+        wake(&self.hub, &self.outbox, tenant, run_id, last_seq);
+    }
+
+    /// What the row writer hands its commits to: the runs' feeds take the events, and an
+    /// append whose request went away before its answer wakes and notifies as
+    /// [`Live::committed`] would have on the answer (see [`CommitSink::moved`]).
+    pub fn commit_sink(&self) -> Arc<dyn CommitSink> {
+        Arc::new(Commits { feeds: self.feeds.clone(), hub: self.hub.clone(), outbox: self.outbox.clone() })
+    }
+}
+
+/// Wakes a run's local subscribers and queues its notification to other processes.
+fn wake(hub: &Hub, outbox: &mpsc::Sender<(String, String)>, tenant: &str, run_id: &str, last_seq: i64) {
+    hub.publish(tenant, run_id, last_seq);
+    // A full queue only delays other processes until the safety poll.
+    let _ = outbox.try_send((tenant.to_owned(), run_id.to_owned()));
+}
+
+/// The sink of [`Live::commit_sink`].
+struct Commits {
+    feeds: Arc<Feeds>,
+    hub: Arc<Hub>,
+    outbox: mpsc::Sender<(String, String)>,
+}
+
+impl CommitSink for Commits {
+    fn follows(&self, tenant: &str, run_id: &str) -> bool {
+        self.feeds.follows(tenant, run_id)
+    }
+
+    fn committed(&self, tenant: &str, run_id: &str, events: Vec<agent_stream_core::domain::Event>) {
+        self.feeds.committed(tenant, run_id, events);
+    }
+
+    fn moved(&self, tenant: &str, run_id: &str, last_seq: i64) {
+        wake(&self.hub, &self.outbox, tenant, run_id, last_seq);
     }
 }
 

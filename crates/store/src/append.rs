@@ -100,6 +100,12 @@ pub trait CommitSink: Send + Sync {
     /// after their transaction committed. Called with the run's guard held, so one run's
     /// commits arrive in seq order.
     fn committed(&self, tenant: &str, run_id: &str, events: Vec<Event>);
+    /// The run's log now ends at `last_seq`, and the append that wrote it will not take
+    /// its answer: its request was dropped while it committed (an HTTP client that hangs
+    /// up has its request dropped). The appender would have woken the run's subscribers
+    /// and notified other processes on its answer; the group-commit lanes call this so
+    /// that those do not wait for the safety poll.
+    fn moved(&self, tenant: &str, run_id: &str, last_seq: i64);
 }
 
 /// Per-run guards. The async mutex also queues this process's appends to one run, so

@@ -73,6 +73,7 @@ struct Job {
 /// The lanes of a process.
 pub struct GroupCommit {
     lanes: Vec<mpsc::Sender<Job>>,
+    guards: Arc<Guards>,
 }
 
 impl GroupCommit {
@@ -85,7 +86,7 @@ impl GroupCommit {
                 tx
             })
             .collect();
-        GroupCommit { lanes }
+        GroupCommit { lanes, guards }
     }
 
     /// Appends a producer's batch, possibly in a transaction shared with others, in
@@ -111,6 +112,13 @@ impl GroupCommit {
             (h.finish() % self.lanes.len() as u64) as usize
         };
         let (reply, answer) = oneshot::channel();
+        let mut answer = Awaited {
+            answer,
+            taken: false,
+            guards: self.guards.clone(),
+            tenant: tenant.to_owned(),
+            run_id: run_id.clone(),
+        };
         let job = Job {
             tenant: tenant.to_owned(),
             run_id,
@@ -122,7 +130,55 @@ impl GroupCommit {
             .send(job)
             .await
             .map_err(|_| Error::Internal(anyhow::anyhow!("group-commit lane stopped")))?;
-        answer.await.map_err(|_| Error::Internal(anyhow::anyhow!("group-commit lane dropped an append")))?
+        let out = (&mut answer.answer).await;
+        answer.taken = true;
+        out.map_err(|_| Error::Internal(anyhow::anyhow!("group-commit lane dropped an append")))?
+    }
+}
+
+/// An append's answer to come. Dropped with the answer sent but not taken (the request
+/// went away just as its group committed), it tells the sink what the appender would
+/// have acted on; dropped earlier, the lane finds the answer refused and does it
+/// ([`unanswered`]). One of the two sees a written append's answer, never both.
+struct Awaited {
+    answer: oneshot::Receiver<Result<AppendOutcome>>,
+    taken: bool,
+    guards: Arc<Guards>,
+    tenant: String,
+    run_id: String,
+}
+
+impl Drop for Awaited {
+    fn drop(&mut self) {
+        if self.taken {
+            return;
+        }
+        if let Ok(out) = self.answer.try_recv() {
+            unanswered(self.guards.sink(), &self.tenant, &self.run_id, out);
+        }
+    }
+}
+
+/// An answer its appender will not take: if it wrote, the sink hears of the run's new
+/// head ([`CommitSink::moved`]).
+fn unanswered(sink: Option<&dyn CommitSink>, tenant: &str, run_id: &str, out: Result<AppendOutcome>) {
+    if let (Some(sink), Ok(o)) = (sink, out) {
+        if !o.replayed {
+            sink.moved(tenant, run_id, o.last_seq);
+        }
+    }
+}
+
+/// Sends an append its answer, or, if its appender is gone, tells the sink.
+fn answer(
+    guards: &Guards,
+    tenant: &str,
+    run_id: &str,
+    reply: oneshot::Sender<Result<AppendOutcome>>,
+    out: Result<AppendOutcome>,
+) {
+    if let Err(out) = reply.send(out) {
+        unanswered(guards.sink(), tenant, run_id, out);
     }
 }
 
@@ -194,11 +250,12 @@ async fn commit_group(db: &Db, guards: &Guards, metrics: &Metrics, tenant: Strin
     match result {
         Ok((answers, groups)) => {
             if groups > 0 {
-                let written = answers.iter().filter(|(_, a)| a.as_ref().is_ok_and(|o| !o.replayed)).count();
+                let written =
+                    answers.iter().filter(|(_, _, a)| a.as_ref().is_ok_and(|o| !o.replayed)).count();
                 metrics.committed_group(written as u64);
             }
-            for (reply, answer) in answers {
-                let _ = reply.send(answer);
+            for (reply, run_id, out) in answers {
+                answer(guards, tenant, &run_id, reply, out);
             }
         }
         Err((e, jobs)) => {
@@ -214,13 +271,14 @@ async fn commit_group(db: &Db, guards: &Guards, metrics: &Metrics, tenant: Strin
                 if out.as_ref().is_ok_and(|o| !o.replayed) {
                     metrics.committed_group(1);
                 }
-                let _ = j.reply.send(out);
+                answer(guards, &j.tenant, &j.run_id, j.reply, out);
             }
         }
     }
 }
 
-type Answers = Vec<(oneshot::Sender<Result<AppendOutcome>>, Result<AppendOutcome>)>;
+/// Each append's reply channel, run and answer.
+type Answers = Vec<(oneshot::Sender<Result<AppendOutcome>>, String, Result<AppendOutcome>)>;
 
 /// Each append's answer, the runs' state after the group, and the events written for
 /// runs the commit sink follows.
@@ -329,8 +387,8 @@ async fn try_group(
                         .into_iter()
                         .zip(built.0)
                         .map(|(j, r)| match r {
-                            Ok(o) if !o.replayed => (j.reply, Err(Error::InDoubt(why.clone()))),
-                            r => (j.reply, r),
+                            Ok(o) if !o.replayed => (j.reply, j.run_id, Err(Error::InDoubt(why.clone()))),
+                            r => (j.reply, j.run_id, r),
                         })
                         .collect();
                     return Ok((answers, 0));
@@ -347,7 +405,7 @@ async fn try_group(
         hand_over(sink, tenant, written);
     }
     let wrote = results.iter().any(|r| r.as_ref().is_ok_and(|o| !o.replayed));
-    let answers = jobs.into_iter().zip(results).map(|(j, r)| (j.reply, r)).collect();
+    let answers = jobs.into_iter().zip(results).map(|(j, r)| (j.reply, j.run_id, r)).collect();
     Ok((answers, u64::from(wrote)))
 }
 
@@ -611,4 +669,86 @@ async fn accept(
         run.guard = guard;
     }
     (results, rows, written)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Records what it is told of runs' new heads.
+    #[derive(Default)]
+    struct Heard(Mutex<Vec<(String, String, i64)>>);
+
+    impl CommitSink for Heard {
+        fn follows(&self, _: &str, _: &str) -> bool {
+            false
+        }
+        fn committed(&self, _: &str, _: &str, _: Vec<Event>) {}
+        fn moved(&self, tenant: &str, run_id: &str, last_seq: i64) {
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).push((tenant.into(), run_id.into(), last_seq));
+        }
+    }
+
+    fn guards() -> (Arc<Guards>, Arc<Heard>) {
+        let (guards, heard) = (Arc::new(Guards::default()), Arc::new(Heard::default()));
+        let _ = guards.hand_commits_to(heard.clone());
+        (guards, heard)
+    }
+
+    fn awaited(guards: &Arc<Guards>) -> (oneshot::Sender<Result<AppendOutcome>>, Awaited) {
+        let (reply, answer) = oneshot::channel();
+        let a =
+            Awaited { answer, taken: false, guards: guards.clone(), tenant: "t".into(), run_id: "r".into() };
+        (reply, a)
+    }
+
+    fn wrote(last_seq: i64, replayed: bool) -> Result<AppendOutcome> {
+        Ok(AppendOutcome { first_seq: last_seq, last_seq, replayed })
+    }
+
+    fn heard(h: &Heard) -> Vec<(String, String, i64)> {
+        h.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whichever side finds the appender gone, the lane (its answer refused) or the
+    /// appender's drop (its answer there, untaken), tells the sink once; an answer taken,
+    /// a retry (nothing written) and a refusal tell it nothing.
+    #[test]
+    fn an_append_whose_answer_is_not_taken_is_told_to_the_sink_once() {
+        // Gone before the lane answered: the lane tells.
+        let (g, h) = guards();
+        let (reply, a) = awaited(&g);
+        drop(a);
+        answer(&g, "t", "r", reply, wrote(5, false));
+        assert_eq!(heard(&h), [("t".into(), "r".into(), 5)]);
+
+        // Gone after the lane answered, before taking it: the drop tells.
+        let (g, h) = guards();
+        let (reply, a) = awaited(&g);
+        answer(&g, "t", "r", reply, wrote(6, false));
+        assert!(heard(&h).is_empty(), "the answer waits to be taken");
+        drop(a);
+        assert_eq!(heard(&h), [("t".into(), "r".into(), 6)]);
+
+        // Taken: the appender acts on it, the sink hears nothing.
+        let (g, h) = guards();
+        let (reply, mut a) = awaited(&g);
+        answer(&g, "t", "r", reply, wrote(7, false));
+        assert!(a.answer.try_recv().is_ok());
+        a.taken = true;
+        drop(a);
+        assert!(heard(&h).is_empty());
+
+        // Nothing written: nothing to tell.
+        let (g, h) = guards();
+        let (reply, a) = awaited(&g);
+        drop(a);
+        answer(&g, "t", "r", reply, wrote(8, true));
+        let (reply, a) = awaited(&g);
+        drop(a);
+        answer(&g, "t", "r", reply, Err(Error::reject(ErrorCode::SeqConflict, "refused")));
+        assert!(heard(&h).is_empty());
+    }
 }

@@ -18,11 +18,13 @@
 //! as the feed's pages carry its rendering again.
 //!
 //! **This process's own commits are not read back.** The row writer hands each commit
-//! of a followed run to its feed ([`CommitSink`](agent_stream_store::append::CommitSink)), as the events will read from the
-//! table; a feed takes those that continue its cursor and reads only for what they do
-//! not cover: another process's appends (learned from the listener or the safety
-//! poll), a handover that did not fit its queue, a forced re-read. Before, every commit
-//! cost its runs' feeds a SELECT of rows this process had in hand a moment earlier.
+//! of a followed run to its feed
+//! ([`CommitSink`](agent_stream_store::append::CommitSink)), as the events will read
+//! from the table; a feed takes those that continue its cursor and reads only for what
+//! they do not cover: another process's appends (learned from the listener or the
+//! safety poll), a handover that did not fit its queue, a forced re-read. Before, every
+//! commit cost its runs' feeds a SELECT of rows this process had in hand a moment
+//! earlier.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -330,13 +332,15 @@ pub struct Feeds {
 }
 
 impl Feeds {
-    /// True when a feed here has subscribers of the run (see [`agent_stream_store::append::CommitSink::follows`]).
+    /// True when a feed here has subscribers of the run (see
+    /// [`agent_stream_store::append::CommitSink::follows`]).
     pub(crate) fn follows(&self, tenant: &str, run_id: &str) -> bool {
         let feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
         feeds.get(&(tenant.to_owned(), run_id.to_owned())).is_some_and(|f| f.tx.receiver_count() > 0)
     }
 
-    /// Hands a commit's events to the run's feed (see [`agent_stream_store::append::CommitSink::committed`]).
+    /// Hands a commit's events to the run's feed (see
+    /// [`agent_stream_store::append::CommitSink::committed`]).
     pub(crate) fn committed(&self, tenant: &str, run_id: &str, events: Vec<Event>) {
         let feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = feeds.get(&(tenant.to_owned(), run_id.to_owned())) {

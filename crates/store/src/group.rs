@@ -112,49 +112,40 @@ impl GroupCommit {
             (h.finish() % self.lanes.len() as u64) as usize
         };
         let (reply, answer) = oneshot::channel();
-        let mut answer = Awaited {
-            answer,
-            taken: false,
-            guards: self.guards.clone(),
-            tenant: tenant.to_owned(),
-            run_id: run_id.clone(),
-        };
         let job = Job {
             tenant: tenant.to_owned(),
-            run_id,
+            run_id: run_id.clone(),
             batch: batch.clone(),
             reply,
             span: tracing::Span::current(),
         };
+        let mut answer = Awaited { answer, guards: &self.guards, tenant, run_id: &run_id };
         self.lanes[lane]
             .send(job)
             .await
             .map_err(|_| Error::Internal(anyhow::anyhow!("group-commit lane stopped")))?;
-        let out = (&mut answer.answer).await;
-        answer.taken = true;
-        out.map_err(|_| Error::Internal(anyhow::anyhow!("group-commit lane dropped an append")))?
+        (&mut answer.answer)
+            .await
+            .map_err(|_| Error::Internal(anyhow::anyhow!("group-commit lane dropped an append")))?
     }
 }
 
 /// An append's answer to come. Dropped with the answer sent but not taken (the request
 /// went away just as its group committed), it tells the sink what the appender would
 /// have acted on; dropped earlier, the lane finds the answer refused and does it
-/// ([`unanswered`]). One of the two sees a written append's answer, never both.
-struct Awaited {
+/// ([`unanswered`]). One of the two sees a written append's answer, never both. A taken
+/// answer is not there to find: the receiver gives nothing after its value.
+struct Awaited<'a> {
     answer: oneshot::Receiver<Result<AppendOutcome>>,
-    taken: bool,
-    guards: Arc<Guards>,
-    tenant: String,
-    run_id: String,
+    guards: &'a Guards,
+    tenant: &'a str,
+    run_id: &'a str,
 }
 
-impl Drop for Awaited {
+impl Drop for Awaited<'_> {
     fn drop(&mut self) {
-        if self.taken {
-            return;
-        }
         if let Ok(out) = self.answer.try_recv() {
-            unanswered(self.guards.sink(), &self.tenant, &self.run_id, out);
+            unanswered(self.guards.sink(), self.tenant, self.run_id, out);
         }
     }
 }
@@ -697,11 +688,9 @@ mod tests {
         (guards, heard)
     }
 
-    fn awaited(guards: &Arc<Guards>) -> (oneshot::Sender<Result<AppendOutcome>>, Awaited) {
+    fn awaited(guards: &Guards) -> (oneshot::Sender<Result<AppendOutcome>>, Awaited<'_>) {
         let (reply, answer) = oneshot::channel();
-        let a =
-            Awaited { answer, taken: false, guards: guards.clone(), tenant: "t".into(), run_id: "r".into() };
-        (reply, a)
+        (reply, Awaited { answer, guards, tenant: "t", run_id: "r" })
     }
 
     fn wrote(last_seq: i64, replayed: bool) -> Result<AppendOutcome> {
@@ -732,12 +721,12 @@ mod tests {
         drop(a);
         assert_eq!(heard(&h), [("t".into(), "r".into(), 6)]);
 
-        // Taken: the appender acts on it, the sink hears nothing.
+        // Taken, as the appender takes it: the appender acts on it, the sink hears nothing.
         let (g, h) = guards();
         let (reply, mut a) = awaited(&g);
         answer(&g, "t", "r", reply, wrote(7, false));
-        assert!(a.answer.try_recv().is_ok());
-        a.taken = true;
+        let taken = futures::executor::block_on(&mut a.answer);
+        assert!(taken.is_ok_and(|r| r.is_ok()));
         drop(a);
         assert!(heard(&h).is_empty());
 

@@ -802,13 +802,7 @@ async fn an_append_whose_client_hangs_up_mid_commit_is_still_announced() {
     let run = t.create_run(&t.key_a).await;
     t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
     // The owner listens on the schema's channel, as another process does.
-    let owner = t.db.owner().await;
-    let secret = agent_stream::live::Secret::load(&owner).await.expect("secret");
-    let (listening, mut heard) = crate::attack::login_listening(&t, None).await;
-    listening
-        .batch_execute(&format!("SET search_path TO \"{}\"; LISTEN \"{}\"", t.db.schema, secret.channel()))
-        .await
-        .expect("listen");
+    let (_listening, mut heard) = crate::attack::owner_listening(&t).await;
     // What the earlier writes announced has gone out (the notifier gathers for 3 ms).
     tokio::time::sleep(Duration::from_millis(300)).await;
     while heard.try_recv().is_ok() {}

@@ -728,7 +728,7 @@ async fn stuck_sse_readers_are_dropped_after_the_stall_time_and_the_memory_comes
 
 /// A connection as `user` (password `pw`; `None`: the owner) whose notifications
 /// arrive on the receiver.
-pub(crate) async fn login_listening(
+async fn login_listening(
     t: &TestApp,
     user: Option<&str>,
 ) -> (tokio_postgres::Client, tokio::sync::mpsc::UnboundedReceiver<(String, String)>) {
@@ -748,6 +748,20 @@ pub(crate) async fn login_listening(
         }
     });
     (c, rx)
+}
+
+/// An owner connection listening on the schema's live channel (as another process's
+/// listener does), whose notifications arrive on the receiver.
+pub(crate) async fn owner_listening(
+    t: &TestApp,
+) -> (tokio_postgres::Client, tokio::sync::mpsc::UnboundedReceiver<(String, String)>) {
+    let owner = t.db.owner().await;
+    let secret = agent_stream::live::Secret::load(&owner).await.expect("secret");
+    let (c, heard) = login_listening(t, None).await;
+    c.batch_execute(&format!("SET search_path TO \"{}\"; LISTEN \"{}\"", t.db.schema, secret.channel()))
+        .await
+        .expect("listen");
+    (c, heard)
 }
 
 /// An analyst login of tenant `tenant` for this test.
@@ -774,12 +788,7 @@ async fn an_analyst_login_learns_nothing_from_the_notify_channel() {
         c.query_one("SELECT secret FROM live_secret", &[]).await.expect_err("the secret is the owner's");
     assert_eq!(err.code(), Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE), "{err:?}");
     // The owner (an operator) listens on the real channel, to see what is sent.
-    let owner = t.db.owner().await;
-    let secret = agent_stream::live::Secret::load(&owner).await.expect("secret");
-    let (oc, mut real) = login_listening(&t, None).await;
-    oc.batch_execute(&format!("SET search_path TO \"{}\"; LISTEN \"{}\"", t.db.schema, secret.channel()))
-        .await
-        .expect("listen");
+    let (_oc, mut real) = owner_listening(&t).await;
     // Tenant b writes through two instances, so the notifier speaks.
     let other = t.second_instance().await;
     let run_b = t.create_run(&t.key_b).await;

@@ -26,6 +26,7 @@
 //! commit cost its runs' feeds a SELECT of rows this process had in hand a moment
 //! earlier.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -57,7 +58,16 @@ pub struct PageData {
     /// Per dialect, the whole page as transport chunks (SSE frames of `detail=full`
     /// streams), built by the first subscriber that sends it and shared by the rest.
     frames: [OnceLock<Arc<[bytes::Bytes]>>; Format::ALL.len()],
+    /// What transports derived from the whole page, by key (see [`Batch::memo`]).
+    memos: Mutex<Vec<(Arc<str>, Memo)>>,
 }
+
+/// One of a page's memos, of whatever type its transport made.
+type Memo = Arc<dyn Any + Send + Sync>;
+
+/// Keys one page memoizes at most: each is a distinct rendering that subscribers share,
+/// so a page's memory stays bounded however many distinct ones its subscribers ask for.
+const PAGE_MEMOS: usize = 8;
 
 impl PageData {
     /// A page of `events` (consecutive, in seq order).
@@ -73,7 +83,14 @@ impl PageData {
 
     fn plain(events: Vec<Event>) -> PageData {
         let wire = events.iter().map(|_| OnceLock::new()).collect();
-        PageData { events, wire, dialects: vec![], updates: None, frames: Default::default() }
+        PageData {
+            events,
+            wire,
+            dialects: vec![],
+            updates: None,
+            frames: Default::default(),
+            memos: Mutex::new(vec![]),
+        }
     }
 
     /// The page's events.
@@ -260,6 +277,33 @@ impl Batch {
         }
         let i = Format::ALL.iter().position(|f| *f == format)?;
         Some(self.page.frames[i].get_or_init(|| make().into()).clone())
+    }
+
+    /// Where the batch's first event stands in its page (an index into what
+    /// [`Batch::memo`] makes).
+    pub fn offset(&self) -> usize {
+        self.range.start
+    }
+
+    /// What `make` builds for the whole page (it gets the page's length) under `key`:
+    /// built by the first subscriber that asks, shared with every other that asks with
+    /// the same key. `None` when the page already holds [`PAGE_MEMOS`] other keys, or
+    /// `key` holds another type: the caller then builds its own.
+    pub fn memo<T: Any + Send + Sync>(
+        &self,
+        key: &Arc<str>,
+        make: impl FnOnce(usize) -> T,
+    ) -> Option<Arc<T>> {
+        let mut memos = self.page.memos.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, m)) = memos.iter().find(|(k, _)| k == key) {
+            return m.clone().downcast().ok();
+        }
+        if memos.len() >= PAGE_MEMOS {
+            return None;
+        }
+        let m = Arc::new(make(self.page.events.len()));
+        memos.push((key.clone(), m.clone()));
+        Some(m)
     }
 
     /// True when the batch carries what `want` needs.
@@ -579,5 +623,50 @@ async fn run_feed(
     let mut all = feeds.feeds.lock().unwrap_or_else(|p| p.into_inner());
     if all.get(&key).is_some_and(|f| f.tx.same_channel(&tx)) {
         all.remove(&key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::{Batch, PAGE_MEMOS};
+    use agent_stream_core::testkit::stored;
+    use serde_json::json;
+
+    fn page() -> Batch {
+        let delta = |t: &str| json!({"type": "text.delta", "payload": {"text": t}});
+        Batch::from(stored(&[
+            json!({"type": "run.lifecycle", "payload": {"state": "running"}}),
+            delta("a"),
+            delta("b"),
+        ]))
+    }
+
+    /// A memo is made once per page and key, whatever slice of the page asks for it; a
+    /// key past the cap, or asking for another type, gets none and builds its own.
+    #[test]
+    fn a_pages_memo_is_made_once_per_key_and_bounded() {
+        let whole = page();
+        let made = AtomicUsize::new(0);
+        let make = |n: usize| {
+            made.fetch_add(1, Ordering::Relaxed);
+            vec![0u8; n]
+        };
+        let key: Arc<str> = "shape".into();
+        let a = whole.memo(&key, make).expect("a memo");
+        let last = whole.clone().slice(2..3);
+        assert_eq!(last.offset(), 2);
+        let b = last.memo(&key, make).expect("the same memo");
+        assert!(Arc::ptr_eq(&a, &b), "one memo per page and key");
+        assert_eq!((a.len(), made.load(Ordering::Relaxed)), (3, 1), "sized to the whole page, made once");
+        assert!(whole.memo(&key, |_| "another type").is_none());
+        for k in 1..PAGE_MEMOS {
+            assert!(whole.memo(&format!("k{k}").into(), make).is_some());
+        }
+        assert!(whole.memo(&"one too many".into(), make).is_none(), "at most {PAGE_MEMOS} keys");
+        assert!(page().memo(&key, make).is_some(), "another page has its own memos");
+        assert_eq!(made.load(Ordering::Relaxed), PAGE_MEMOS + 1);
     }
 }

@@ -119,6 +119,12 @@ fn service(r: &mut Registry, app: &App) {
         m.notify_lag_seconds.clone(),
     );
     gauge(r, "listener_up", "1 while the LISTEN connection is up", i64::from(app.live.listening()));
+    counter(
+        r,
+        "graphql_rendered_events",
+        "runEvents events a GraphQL subscription rendered itself (the rest were shared copies)",
+        m.graphql_renders.load(Relaxed),
+    );
     counter(r, "view_folded_events", "Events folded by the view cache", app.live.views.folded_events());
     counter(
         r,

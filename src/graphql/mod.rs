@@ -4,6 +4,7 @@
 mod checks;
 mod error;
 mod schema;
+mod shared;
 mod subscription;
 pub(crate) mod ws;
 

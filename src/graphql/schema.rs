@@ -98,6 +98,9 @@ pub struct GqlEvent {
     event: EventRef,
     /// With `runEvents(format:)` other than native: the dialect's items for the event.
     pub(super) encoded: Option<Vec<Value>>,
+    /// True when `encoded` holds this subscriber's own opening snapshot, so that its
+    /// rendering is not the one other subscribers of the page share.
+    pub(super) own: bool,
 }
 
 /// Where an event's data lives: its own, or in a live page shared by every subscriber of
@@ -110,7 +113,16 @@ enum EventRef {
 impl GqlEvent {
     /// The event at `i` of a live batch, without copying it.
     pub(super) fn shared(batch: &crate::live::Batch, i: usize) -> GqlEvent {
-        GqlEvent { event: EventRef::Shared(batch.clone().slice(i..i + 1)), encoded: None }
+        GqlEvent { event: EventRef::Shared(batch.clone().slice(i..i + 1)), encoded: None, own: false }
+    }
+
+    /// The live page this event came in and its place there, when every subscriber of
+    /// the run that asks the same renders it the same (see `super::shared`).
+    pub(super) fn page(&self) -> Option<(&crate::live::Batch, usize)> {
+        match &self.event {
+            EventRef::Shared(b) if !self.own => Some((b, b.offset())),
+            _ => None,
+        }
     }
 
     /// The event.
@@ -125,7 +137,7 @@ impl GqlEvent {
 
 impl From<Event> for GqlEvent {
     fn from(e: Event) -> Self {
-        GqlEvent { event: EventRef::Owned(e), encoded: None }
+        GqlEvent { event: EventRef::Owned(e), encoded: None, own: false }
     }
 }
 

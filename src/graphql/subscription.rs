@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use async_graphql::{Context, Subscription, ID};
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 
 use super::error::GqlResult;
@@ -97,7 +98,7 @@ impl Subscription {
         #[graphql(desc = "A dialect (native, multica, chunks, hier, typed, agui, vercel): each event also \
                           carries what it became in it, in `encoded`.")]
         format: Option<String>,
-    ) -> async_graphql::Result<impl Stream<Item = GqlEvent>> {
+    ) -> async_graphql::Result<BoxStream<'static, GqlEvent>> {
         let slot = slot(ctx)?;
         let app = app(ctx)?.clone();
         let who = caller(ctx)?.clone();
@@ -126,12 +127,15 @@ impl Subscription {
         };
         let rendered = enc.as_ref().map(|e| e.format());
         let events = events(tail, rendered).filter_map(move |(mut g, items)| {
-            let e = g.event();
+            let mut own = false;
             let encoded = rendered.map(|_| {
                 let mut all = std::mem::take(&mut opening);
+                own = !all.is_empty();
                 all.extend(items.unwrap_or_default());
                 all
             });
+            g.own = own;
+            let e = g.event();
             let keep = filter.keeps(e);
             if keep {
                 delivery.delivered(e);
@@ -141,7 +145,16 @@ impl Subscription {
             futures::future::ready(keep.then_some(g))
         });
         let events = if finished { futures::stream::empty().left_stream() } else { events.right_stream() };
-        Ok(holding(events, slot))
+        let events = holding(events, slot).boxed();
+        // On a GraphQL WebSocket the executor takes the events and renders them, sharing
+        // each page's renderings among subscribers that ask the same (`super::shared`).
+        let Some(capture) = ctx.data_opt::<super::shared::Capture>() else { return Ok(events) };
+        // Where the stream starts does not change how an event renders.
+        let cursor_variable = match ctx.item.node.get_argument("afterSeq").map(|v| &v.node) {
+            Some(async_graphql_value::Value::Variable(name)) => Some(name.to_string()),
+            _ => None,
+        };
+        Ok(capture.hand_over(super::shared::Captured { events, cursor_variable }))
     }
 
     /// Changes to the run's view after `afterSeq` (default 0), each with the seq that

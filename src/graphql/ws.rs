@@ -14,6 +14,8 @@
 //!   `WsLimits::stall` (30 s) is closed with [`TOO_SLOW`]: it resumes with `afterSeq`.
 //!   While it waits, a socket holds its write buffer and one message, and each of its
 //!   subscriptions the page of events in hand (see `live::feed`).
+//! - **Shared renderings.** `runEvents` subscribers that ask the same share each live
+//!   event's response instead of each executing the selection (`super::shared`).
 //! - **graphql-ws close codes.** A refused `connection_init` closes with 4401 (no key)
 //!   or 4403 (bad or revoked key) instead of the handler's 1002, an operation before
 //!   the acknowledgement with 4401, a malformed message with 4400.
@@ -257,6 +259,7 @@ async fn serve_ws(socket: WebSocket, schema: AgentSchema, protocol: WebSocketPro
     };
     let init_state = state.clone();
     let init_app = app.clone();
+    let schema = super::shared::Sharing(schema, app.metrics.clone());
     let out = async_graphql::http::WebSocket::from_message_stream(schema, input, protocol)
         .on_connection_init(move |payload| async move {
             let (app, state) = (init_app, init_state);

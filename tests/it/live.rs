@@ -770,6 +770,91 @@ mod graphql_ws {
         }
     }
 
+    /// The server's count of `runEvents` events rendered by a subscription itself.
+    async fn renders(t: &TestApp) -> u64 {
+        let text = t.http.get(format!("{}/metrics", t.base)).send().await.unwrap().text().await.unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("agent_stream_graphql_rendered_events_total "))
+            .unwrap_or_else(|| panic!("no rendered-events counter in\n{text}"));
+        line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("a count")
+    }
+
+    /// Receives `runEvents` items until `seq` `last`, each as `(seq, the item)`.
+    async fn items_until(ws: &mut Ws, last: i64) -> Vec<(i64, Value)> {
+        let mut got = vec![];
+        loop {
+            let m = recv(ws).await.expect("an item before the socket closes");
+            let item = m["payload"]["data"]["runEvents"].clone();
+            let seq = item["seq"].as_i64().unwrap_or_else(|| panic!("an item with a seq: {m}"));
+            got.push((seq, item));
+            if seq >= last {
+                return got;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn subscribers_asking_the_same_share_each_live_events_rendering_and_get_their_own_shape() {
+        let t = TestApp::new().await;
+        let run = t.create_run(&t.key_a).await;
+        t.append_ok(
+            &t.key_a,
+            &run,
+            json!([{"type": "run.lifecycle", "payload": {"state": "running"}}, delta("a")]),
+        )
+        .await;
+        let other =
+            "subscription($run: ID!, $after: Int) { runEvents(runId: $run, afterSeq: $after) { seq runId } }";
+        let reader = t.key_for_a(&[agent_stream::auth::Scope::Read]).await.secret;
+        // Same request shape, different cursors, keys and protocols; and one other shape.
+        let mut same = vec![];
+        for (protocol, start, after, key) in [
+            ("graphql-transport-ws", "subscribe", 0, &t.key_a),
+            ("graphql-transport-ws", "subscribe", 1, &reader),
+            ("graphql-ws", "start", 0, &t.key_a),
+        ] {
+            let mut ws = connect(&t, protocol, key).await;
+            assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack");
+            let vars = json!({"run": run, "after": after});
+            send(&mut ws, json!({"id": "1", "type": start, "payload": {"query": SUB, "variables": vars}}))
+                .await;
+            let caught_up = items_until(&mut ws, 2).await;
+            let seqs: Vec<i64> = caught_up.iter().map(|(s, _)| *s).collect();
+            assert_eq!(seqs, ((after + 1)..=2).collect::<Vec<_>>(), "{protocol} after {after}");
+            same.push(ws);
+        }
+        let mut shaped = connect(&t, "graphql-transport-ws", &t.key_a).await;
+        assert_eq!(recv(&mut shaped).await.unwrap()["type"], "connection_ack");
+        send(
+            &mut shaped,
+            json!({"id": "7", "type": "subscribe", "payload": {"query": other, "variables": {"run": run}}}),
+        )
+        .await;
+        assert_eq!(items_until(&mut shaped, 2).await.len(), 2);
+
+        let before = renders(&t).await;
+        let texts: Vec<String> = (0..10).map(|i| format!("live {i}")).collect();
+        t.append_ok(&t.key_a, &run, json!(texts.iter().map(|x| delta(x)).collect::<Vec<_>>())).await;
+        for ws in &mut same {
+            let got = items_until(ws, 12).await;
+            let want: Vec<(i64, Value)> = texts
+                .iter()
+                .enumerate()
+                .map(|(i, x)| {
+                    (i as i64 + 3, json!({"seq": i + 3, "type": "text.delta", "payload": {"text": x}}))
+                })
+                .collect();
+            assert_eq!(got, want);
+        }
+        let got = items_until(&mut shaped, 12).await;
+        let want: Vec<(i64, Value)> = (3..=12).map(|s| (s, json!({"seq": s, "runId": run}))).collect();
+        assert_eq!(got, want, "the other shape gets its own fields, not the shared ones");
+        // Ten live events, rendered once for each of the two shapes: not once for each
+        // of the four subscribers.
+        assert_eq!(renders(&t).await - before, 20);
+    }
+
     const MESSAGE: &str = "id childId role status blocks { kind text callId } text reasoning stopReason implicit startedSeq endedSeq";
     const TOOL: &str = "callId childId tool input skillId status progressCount lastProgress output error durationMs blobRef messageId startedSeq endedSeq";
     const PLAN: &str = "id childId steps { id title intent estTools estCostUsd } estTotalCostUsd proposedSeq proposals decision { decision reason decidedBy seq }";

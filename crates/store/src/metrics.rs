@@ -165,6 +165,9 @@ pub struct Metrics {
     /// Transactions that committed appends, and appends they carried (the group-commit
     /// size is their ratio).
     pub commit_groups: AtomicU64,
+    /// GraphQL `runEvents` events rendered by a subscription's own execution; the
+    /// others it sent were copies of a rendering shared with subscribers asking the same.
+    pub graphql_renders: AtomicU64,
     /// Seconds an append took in the service, by outcome.
     pub append_seconds: Family<Outcome, Histogram, fn() -> Histogram>,
     /// Appends per committed transaction.
@@ -194,6 +197,7 @@ impl Default for Metrics {
             dropped_deltas: AtomicU64::default(),
             notifications: AtomicU64::default(),
             commit_groups: AtomicU64::default(),
+            graphql_renders: AtomicU64::default(),
             append_seconds: Family::new_with_constructor(latency),
             commit_group_size: sizes(),
             notify_lag_seconds: latency(),

@@ -1,0 +1,195 @@
+//! The schema as GraphQL WebSockets run it: a `runEvents` event is rendered once per
+//! live page and request shape, and every subscriber of the run that asks the same
+//! shares the response.
+//!
+//! Why: async-graphql executes a subscription's selection set for each item and each
+//! subscriber. At 1,000 subscribers of one run that was 5.0–5.9 µs of server CPU per
+//! delivered event, 6–7 times SSE's (which shares each page's frames), and the server
+//! took 204–272 of the producer's 1,000 events/s (docs/benchmarks-log.md, 2026-11-30
+//! 12:20). How an event renders depends on the event and on the request (its query,
+//! operation and variables), not on the caller nor on where its stream started: so
+//! requests that differ at most in the variable given as `afterSeq` share it.
+//!
+//! How: the request carries a [`Capture`]. `runEvents` builds everything that is the
+//! subscriber's own as before (the tail from its cursor, the filter, the slot, the
+//! delivery counts) and hands that stream of events over, resolving instead to a feed
+//! the executor fills. For each event the executor looks in its page's memo for this
+//! request shape: a subscriber that finds the event rendered takes a copy of the
+//! response; one that does not renders it by feeding it through its own execution and
+//! leaves the result there for the others. Events that
+//! are not in a live page (catch-up reads) or that carry the subscriber's own opening
+//! snapshot go through its own execution, as every event did before. Every other
+//! operation, and a `runEvents` refused before it started, passes through unchanged.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use async_graphql::{Data, Executor, Name, Request, Response, ServerError, Value};
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+
+use super::schema::GqlEvent;
+use super::AgentSchema;
+use crate::metrics::Metrics;
+
+/// What `runEvents` hands over to the executor.
+pub(super) struct Captured {
+    /// The subscriber's events, in order, each to be sent.
+    pub events: BoxStream<'static, GqlEvent>,
+    /// The variable `afterSeq` was given by, if it was: left out of the request's shape.
+    pub cursor_variable: Option<String>,
+}
+
+/// In a request's data when [`Sharing`] runs it: where `runEvents` hands its events
+/// over, and the feed it resolves to instead.
+pub(super) struct Capture {
+    handed: Mutex<Option<oneshot::Sender<Captured>>>,
+    /// Boxed: a channel allocates its slots in blocks of 32, and an event is a few
+    /// hundred bytes; each subscriber holds one such channel.
+    feed: Mutex<Option<mpsc::Receiver<Box<GqlEvent>>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Capture {
+    /// Hands `captured` to the executor and returns the feed to resolve to; or, when
+    /// it cannot (already handed, or the executor is gone), the events themselves.
+    pub(super) fn hand_over(&self, captured: Captured) -> BoxStream<'static, GqlEvent> {
+        let (Some(feed), Some(handed)) = (lock(&self.feed).take(), lock(&self.handed).take()) else {
+            return captured.events;
+        };
+        match handed.send(captured) {
+            Ok(()) => tokio_stream::wrappers::ReceiverStream::new(feed).map(|e| *e).boxed(),
+            Err(c) => c.events,
+        }
+    }
+}
+
+/// One event's response, as the first subscriber of its shape rendered it.
+struct Rendered {
+    data: Value,
+    errors: Vec<ServerError>,
+    extensions: BTreeMap<String, Value>,
+}
+
+impl Rendered {
+    fn of(r: Response) -> Rendered {
+        Rendered { data: r.data, errors: r.errors, extensions: r.extensions }
+    }
+
+    fn response(&self) -> Response {
+        let mut r = Response::new(self.data.clone());
+        r.errors = self.errors.clone();
+        r.extensions = self.extensions.clone();
+        r
+    }
+}
+
+/// A page's renderings for one request shape, one cell per event of the page.
+struct Renders(Vec<OnceLock<Rendered>>);
+
+/// The key of a request's renderings: its query, operation and variables, without the
+/// variable that gave `afterSeq`.
+fn shape(
+    query: &str,
+    operation: Option<&str>,
+    variables: &async_graphql::Variables,
+    cursor: Option<&str>,
+) -> Arc<str> {
+    let mut vars = variables.clone();
+    if let Some(v) = cursor {
+        vars.remove(&Name::new(v));
+    }
+    // NUL cannot occur in a query (refused by `checks::RefuseNul`) nor in an operation
+    // name, so the parts cannot run into each other.
+    let vars = serde_json::to_string(&vars).unwrap_or_default();
+    format!("{query}\0{}\0{vars}", operation.unwrap_or_default()).into()
+}
+
+/// The schema, run so that `runEvents` subscribers share renderings (module docs);
+/// the metrics count the renderings made.
+#[derive(Clone)]
+pub(crate) struct Sharing(pub AgentSchema, pub Arc<Metrics>);
+
+impl Executor for Sharing {
+    fn execute(&self, request: Request) -> impl Future<Output = Response> + Send {
+        let schema = self.0.clone();
+        async move { schema.execute(request).await }
+    }
+
+    fn execute_stream(
+        &self,
+        request: Request,
+        session_data: Option<Arc<Data>>,
+    ) -> BoxStream<'static, Response> {
+        let (query, operation, variables) =
+            (request.query.clone(), request.operation_name.clone(), request.variables.clone());
+        let (handed_tx, mut handed) = oneshot::channel();
+        let (feed, feed_rx) = mpsc::channel(1);
+        let capture = Capture { handed: Mutex::new(Some(handed_tx)), feed: Mutex::new(Some(feed_rx)) };
+        let mut own =
+            self.0.execute_stream_with_session_data(request.data(capture), session_data.unwrap_or_default());
+        let metrics = self.1.clone();
+        async_stream::stream! {
+            /// What came first.
+            enum First {
+                Response(Option<Response>),
+                Handed(Option<Captured>),
+            }
+            // `runEvents` hands over while its execution is first polled; any other
+            // operation either answers or keeps the capture unused until it ends.
+            let first = tokio::select! {
+                r = own.next() => First::Response(r),
+                c = &mut handed => First::Handed(c.ok()),
+            };
+            let captured = match first {
+                First::Response(None) => return,
+                First::Response(Some(r)) => {
+                    yield r;
+                    None
+                }
+                First::Handed(c) => c,
+            };
+            let Some(Captured { mut events, cursor_variable }) = captured else {
+                while let Some(r) = own.next().await {
+                    yield r;
+                }
+                return;
+            };
+            let key = shape(&query, operation.as_deref(), &variables, cursor_variable.as_deref());
+            while let Some(event) = events.next().await {
+                let memo = event.page().and_then(|(page, i)| {
+                    page.memo(&key, |n| Renders((0..n).map(|_| OnceLock::new()).collect())).map(|m| (m, i))
+                });
+                if let Some(shared) = memo.as_ref().and_then(|(m, i)| m.0[*i].get()) {
+                    yield shared.response();
+                    continue;
+                }
+                if feed.send(Box::new(event)).await.is_err() {
+                    return;
+                }
+                metrics.graphql_renders.fetch_add(1, Relaxed);
+                let Some(response) = own.next().await else { return };
+                let response = match memo {
+                    // Offered to the others; nobody waits for it (a subscriber whose
+                    // socket is stuck would make them wait too). Another worker's
+                    // subscriber that rendered it meanwhile keeps its own.
+                    Some((m, i)) => {
+                        let rendered = Rendered::of(response);
+                        let response = rendered.response();
+                        let _ = m.0[i].set(rendered);
+                        response
+                    }
+                    None => response,
+                };
+                yield response;
+            }
+        }
+        .boxed()
+    }
+}

@@ -322,7 +322,8 @@ impl App {
             Some(g) => g.append(&who.tenant_id, run_id, batch, spread).await,
             None => {
                 use tracing::Instrument;
-                storage::append(&self.db, &self.guards, &who.tenant_id, run_id, batch, Origin::Producer)
+                let (db, guards, tenant) = (&self.db, &self.guards, &who.tenant_id);
+                storage::group::append_alone(db, guards, tenant, run_id, batch, Origin::Producer)
                     .instrument(tracing::info_span!("commit", appends = 1))
                     .await
             }

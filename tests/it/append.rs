@@ -796,8 +796,28 @@ async fn a_head_left_by_one_write_path_is_built_on_by_the_lanes() {
 /// request left other processes to find the events by their safety poll.
 #[tokio::test]
 async fn an_append_whose_client_hangs_up_mid_commit_is_still_announced() {
+    hang_up_mid_append(json!([{"type": "run.lifecycle", "payload": {"state": "done"}}])).await;
+}
+
+/// As above, for an append large enough to commit on its own rather than in a lane
+/// (`OWN_COMMIT_FROM` events): it was awaited in the request, so a hang-up while it
+/// waited for the run dropped it (the client never knew), and one during its COMMIT left
+/// it stored but unannounced.
+#[tokio::test]
+async fn a_large_append_whose_client_hangs_up_mid_commit_is_stored_and_announced() {
+    let n = agent_stream::storage::group::OWN_COMMIT_FROM;
+    let mut events: Vec<Value> =
+        (0..n - 1).map(|i| json!({"type": "text.delta", "payload": {"text": format!("{i} ")}})).collect();
+    events.push(json!({"type": "run.lifecycle", "payload": {"state": "done"}}));
+    hang_up_mid_append(Value::Array(events)).await;
+}
+
+/// Sends `events` to a running run held by another process's locked writer, hangs up
+/// before the answer, lets the run go: the events are stored and announced.
+async fn hang_up_mid_append(events: Value) {
     use std::time::Duration;
     use tokio::io::AsyncWriteExt;
+    let n = events.as_array().map_or(0, Vec::len) as i64;
     let t = TestApp::new().await;
     let run = t.create_run(&t.key_a).await;
     t.append_ok(&t.key_a, &run, json!([{"type": "run.lifecycle", "payload": {"state": "running"}}])).await;
@@ -812,7 +832,7 @@ async fn an_append_whose_client_hangs_up_mid_commit_is_still_announced() {
     hold_as_a_locked_writer(&tx, &t.tenant_a, &run).await;
     let host = t.base.trim_start_matches("http://");
     let mut tcp = tokio::net::TcpStream::connect(host).await.expect("connect");
-    let body = json!([{"type": "run.lifecycle", "payload": {"state": "done"}}]).to_string();
+    let body = events.to_string();
     let request = format!(
         "POST /v1/runs/{run}/events HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -826,7 +846,7 @@ async fn an_append_whose_client_hangs_up_mid_commit_is_still_announced() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     tx.rollback().await.expect("free the run");
     let stored = async {
-        while t.stored_count(&t.tenant_a, &run).await < 2 {
+        while t.stored_count(&t.tenant_a, &run).await < 1 + n {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };

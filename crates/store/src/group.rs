@@ -130,6 +130,37 @@ impl GroupCommit {
     }
 }
 
+/// Appends `batch` in a transaction of its own ([`super::append`](fn@super::append)), on
+/// a task of its own: an appender that goes away before its answer (its client hung
+/// up) leaves the append to commit and be announced, as a lane's appends are. Awaited in
+/// the request instead, a commit whose request was dropped while it was under way
+/// committed unannounced, and one dropped before it was lost.
+pub async fn append_alone(
+    db: &Db,
+    guards: &Arc<Guards>,
+    tenant: &str,
+    run_id: &str,
+    batch: &Batch,
+    origin: Origin,
+) -> Result<AppendOutcome> {
+    use tracing::Instrument;
+    let run_id = parse_run_id(run_id)?;
+    let (reply, answer_rx) = oneshot::channel();
+    let mut awaited = Awaited { answer: answer_rx, guards, tenant, run_id: &run_id };
+    let task = (db.clone(), guards.clone(), tenant.to_owned(), run_id.clone(), batch.clone());
+    tokio::spawn(
+        async move {
+            let (db, guards, tenant, run_id, batch) = task;
+            let out = super::append::append(&db, &guards, &tenant, &run_id, &batch, origin).await;
+            answer(&guards, &tenant, &run_id, reply, out);
+        }
+        .in_current_span(),
+    );
+    (&mut awaited.answer)
+        .await
+        .map_err(|_| Error::Internal(anyhow::anyhow!("an append's task ended without its answer")))?
+}
+
 /// An append's answer to come. Dropped with the answer sent but not taken (the request
 /// went away just as its group committed), it tells the sink what the appender would
 /// have acted on; dropped earlier, the lane finds the answer refused and does it

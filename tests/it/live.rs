@@ -797,13 +797,8 @@ mod graphql_ws {
     #[tokio::test]
     async fn subscribers_asking_the_same_share_each_live_events_rendering_and_get_their_own_shape() {
         let t = TestApp::new().await;
-        let run = t.create_run(&t.key_a).await;
-        t.append_ok(
-            &t.key_a,
-            &run,
-            json!([{"type": "run.lifecycle", "payload": {"state": "running"}}, delta("a")]),
-        )
-        .await;
+        let run = running_run(&t).await;
+        t.append_ok(&t.key_a, &run, json!([delta("a")])).await;
         let other =
             "subscription($run: ID!, $after: Int) { runEvents(runId: $run, afterSeq: $after) { seq runId } }";
         let reader = t.key_for_a(&[agent_stream::auth::Scope::Read]).await.secret;

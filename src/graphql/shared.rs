@@ -16,10 +16,10 @@
 //! the executor fills. For each event the executor looks in its page's memo for this
 //! request shape: a subscriber that finds the event rendered takes a copy of the
 //! response; one that does not renders it by feeding it through its own execution and
-//! leaves the result there for the others. Events that
-//! are not in a live page (catch-up reads) or that carry the subscriber's own opening
-//! snapshot go through its own execution, as every event did before. Every other
-//! operation, and a `runEvents` refused before it started, passes through unchanged.
+//! leaves the result there for the others. Events that are not in a live page
+//! (catch-up reads) or that carry the subscriber's own opening snapshot go through its
+//! own execution, as every event did before. Every other operation, and a `runEvents`
+//! refused before it started, passes through unchanged.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -94,21 +94,22 @@ impl Rendered {
 struct Renders(Vec<OnceLock<Rendered>>);
 
 /// The key of a request's renderings: its query, operation and variables, without the
-/// variable that gave `afterSeq`.
+/// variable that gave `afterSeq`. `None` (nothing shared) if the variables do not
+/// serialize.
 fn shape(
     query: &str,
     operation: Option<&str>,
     variables: &async_graphql::Variables,
     cursor: Option<&str>,
-) -> Arc<str> {
+) -> Option<Arc<str>> {
     let mut vars = variables.clone();
     if let Some(v) = cursor {
         vars.remove(&Name::new(v));
     }
-    // NUL cannot occur in a query (refused by `checks::RefuseNul`) nor in an operation
-    // name, so the parts cannot run into each other.
-    let vars = serde_json::to_string(&vars).unwrap_or_default();
-    format!("{query}\0{}\0{vars}", operation.unwrap_or_default()).into()
+    let vars = serde_json::to_string(&vars).ok()?;
+    let op = operation.unwrap_or_default();
+    // Length-prefixed, so that no two different requests make the same key.
+    Some(format!("{}:{query}{}:{op}{vars}", query.len(), op.len()).into())
 }
 
 /// The schema, run so that `runEvents` subscribers share renderings (module docs);
@@ -163,8 +164,8 @@ impl Executor for Sharing {
             };
             let key = shape(&query, operation.as_deref(), &variables, cursor_variable.as_deref());
             while let Some(event) = events.next().await {
-                let memo = event.page().and_then(|(page, i)| {
-                    page.memo(&key, |n| Renders((0..n).map(|_| OnceLock::new()).collect())).map(|m| (m, i))
+                let memo = key.as_ref().zip(event.page()).and_then(|(key, (page, i))| {
+                    page.memo(key, |n| Renders((0..n).map(|_| OnceLock::new()).collect())).map(|m| (m, i))
                 });
                 if let Some(shared) = memo.as_ref().and_then(|(m, i)| m.0[*i].get()) {
                     yield shared.response();
@@ -191,5 +192,31 @@ impl Executor for Sharing {
             }
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_graphql::Variables;
+    use serde_json::json;
+
+    use super::shape;
+
+    fn vars(v: serde_json::Value) -> Variables {
+        Variables::from_json(v)
+    }
+
+    /// Requests that differ only in the cursor's variable share a key; any other
+    /// difference, however the parts are cut, makes another.
+    #[test]
+    fn a_shape_leaves_out_the_cursor_variable_and_nothing_else() {
+        let q = "subscription($r: ID!, $a: Int) { runEvents(runId: $r, afterSeq: $a) { seq } }";
+        let at = |a: i64| shape(q, None, &vars(json!({"r": "x", "a": a})), Some("a")).expect("a key");
+        assert_eq!(at(1), at(7));
+        assert_ne!(at(1), shape(q, None, &vars(json!({"r": "y", "a": 1})), Some("a")).expect("a key"));
+        assert_ne!(at(1), shape(q, None, &vars(json!({"r": "x", "a": 1})), None).expect("a key"));
+        assert_ne!(at(1), shape(q, Some("Op"), &vars(json!({"r": "x", "a": 1})), Some("a")).expect("a key"));
+        let none = Variables::default();
+        assert_ne!(shape("ab", Some("c"), &none, None), shape("a", Some("bc"), &none, None));
     }
 }

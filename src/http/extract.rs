@@ -118,21 +118,3 @@ pub async fn read_json<T: serde::de::DeserializeOwned>(
     crate::domain::text::check_json("body", &mut v)?;
     serde_json::from_value(v).map_err(malformed)
 }
-
-/// Refuses a request whose path or query string decodes to a NUL character
-/// (`TEXT-NUL`), before any handler sees it: one check for every parameter.
-pub async fn refuse_nul_in_uri(
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use crate::domain::text::{nul_rejection, uri_has_nul};
-    use axum::response::IntoResponse;
-    let uri = req.uri();
-    if uri_has_nul(uri.path()) {
-        return super::error::HttpError::from(nul_rejection("the request path")).into_response();
-    }
-    if uri.query().is_some_and(uri_has_nul) {
-        return super::error::HttpError::from(nul_rejection("the query string")).into_response();
-    }
-    next.run(req).await
-}

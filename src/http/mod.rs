@@ -6,6 +6,7 @@ mod append_stream;
 mod bus;
 mod chat;
 mod durable;
+mod edge;
 pub mod error;
 pub mod extract;
 pub mod grpc;
@@ -74,21 +75,28 @@ pub fn router(app: AppRef) -> Router {
         })
         .fallback(|| async { error::HttpError::from(Error::reject(ErrorCode::NotFound, "no such route; see the README for the API")) })
         .with_state(app.clone())
-        .layer(axum::middleware::from_fn(extract::refuse_nul_in_uri))
-        .layer(axum::middleware::from_fn(move |req, next| count_request(app.clone(), req, next)))
-        .layer(cors)
-        .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
+        // One `layer` call for the whole stack: each call wraps every route in a box of
+        // its own, cloned and called through on every request (six of them cost a
+        // `GET /healthz` about as much as the request itself; docs/benchmarks-log.md,
+        // 2026-11-30 15:40). Outermost first.
         .layer(
-            // Log method and path only: query strings may carry `access_token`.
-            TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
-                let id = req.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("-");
-                let span = tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id);
-                crate::telemetry::continue_trace(&span, req.headers());
-                span
-            })
-            .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
+            tower::ServiceBuilder::new()
+                .layer(SetRequestIdLayer::new(REQUEST_ID.clone(), MakeRequestUuid))
+                .layer(
+                    // Log method and path only: query strings may carry `access_token`.
+                    TraceLayer::new_for_http()
+                        .make_span_with(|req: &axum::http::Request<_>| {
+                            let id = req.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("-");
+                            let span = tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id);
+                            crate::telemetry::continue_trace(&span, req.headers());
+                            span
+                        })
+                        .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
+                )
+                .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
+                .layer(cors)
+                .layer(edge::EdgeLayer::new(app)),
         )
-        .layer(SetRequestIdLayer::new(REQUEST_ID.clone(), MakeRequestUuid))
 }
 
 fn cors(origins: &Option<Vec<String>>) -> CorsLayer {
@@ -109,32 +117,4 @@ fn cors(origins: &Option<Vec<String>>) -> CorsLayer {
         ])
         .expose_headers([REQUEST_ID.clone()])
         .max_age(Duration::from_secs(600))
-}
-
-/// Counts a request by its matched route template (never the raw path: ids would make a
-/// series per run), method and status, with the time to the response's head.
-async fn count_request(
-    app: AppRef,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let started = std::time::Instant::now();
-    let route = req
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
-    let method = match *req.method() {
-        Method::GET => "GET",
-        Method::POST => "POST",
-        Method::PUT => "PUT",
-        Method::DELETE => "DELETE",
-        Method::PATCH => "PATCH",
-        Method::HEAD => "HEAD",
-        Method::OPTIONS => "OPTIONS",
-        _ => "other",
-    };
-    let resp = next.run(req).await;
-    let labels = crate::metrics::HttpRequest { route, method, status: resp.status().as_u16() };
-    app.metrics.http_requests.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
-    resp
 }

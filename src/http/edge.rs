@@ -6,7 +6,7 @@
 //! clone of the stack below it on every request, and with the router's other layers
 //! applied one `Router::layer` at a time (a boxed route per layer) the stack cost a
 //! `GET /healthz` about 13 µs of the server's 29 on a slow host, a quarter of a single
-//! append's (docs/benchmarks-log.md, 2026-11-30 15:40). This one is a plain future.
+//! append's (docs/benchmarks-log.md, 2026-11-30 15:07). This one is a plain future.
 
 use std::convert::Infallible;
 use std::future::Future;

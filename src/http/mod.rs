@@ -78,7 +78,7 @@ pub fn router(app: AppRef) -> Router {
         // One `layer` call for the whole stack: each call wraps every route in a box of
         // its own, cloned and called through on every request (six of them cost a
         // `GET /healthz` about as much as the request itself; docs/benchmarks-log.md,
-        // 2026-11-30 15:40). Outermost first.
+        // 2026-11-30 15:07). Outermost first.
         .layer(
             tower::ServiceBuilder::new()
                 .layer(SetRequestIdLayer::new(REQUEST_ID.clone(), MakeRequestUuid))

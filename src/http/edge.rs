@@ -18,18 +18,20 @@ use axum::extract::{MatchedPath, Request};
 use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 
-use crate::app::AppRef;
+use std::sync::Arc;
+
+use crate::metrics::Metrics;
 
 /// The layer: [`Edge`] around each route.
 #[derive(Clone)]
 pub struct EdgeLayer {
-    app: AppRef,
+    metrics: Arc<Metrics>,
 }
 
 impl EdgeLayer {
-    /// Counts into `app`'s metrics.
-    pub fn new(app: AppRef) -> EdgeLayer {
-        EdgeLayer { app }
+    /// Counts into `metrics`.
+    pub fn new(metrics: Arc<Metrics>) -> EdgeLayer {
+        EdgeLayer { metrics }
     }
 }
 
@@ -37,7 +39,7 @@ impl<S> tower::Layer<S> for EdgeLayer {
     type Service = Edge<S>;
 
     fn layer(&self, inner: S) -> Edge<S> {
-        Edge { inner, app: self.app.clone() }
+        Edge { inner, metrics: self.metrics.clone() }
     }
 }
 
@@ -45,7 +47,7 @@ impl<S> tower::Layer<S> for EdgeLayer {
 #[derive(Clone)]
 pub struct Edge<S> {
     inner: S,
-    app: AppRef,
+    metrics: Arc<Metrics>,
 }
 
 impl<S> tower::Service<Request> for Edge<S>
@@ -68,7 +70,7 @@ where
             Some(refusal) => Step::Refused { refusal: Some(refusal) },
             None => Step::Inner { future: self.inner.call(req) },
         };
-        Counted { step, started, route, method, app: self.app.clone() }
+        Counted { step, started, route, method, metrics: self.metrics.clone() }
     }
 }
 
@@ -110,7 +112,7 @@ pin_project_lite::pin_project! {
         // Never the raw path: ids would make a series per run.
         route: Option<String>,
         method: &'static str,
-        app: AppRef,
+        metrics: Arc<Metrics>,
     }
 }
 
@@ -147,7 +149,7 @@ where
         let route = this.route.take().unwrap_or_else(|| "unmatched".to_owned());
         let labels =
             crate::metrics::HttpRequest { route, method: this.method, status: resp.status().as_u16() };
-        this.app.metrics.http_requests.get_or_create(&labels).observe(this.started.elapsed().as_secs_f64());
+        this.metrics.http_requests.get_or_create(&labels).observe(this.started.elapsed().as_secs_f64());
         Poll::Ready(Ok(resp))
     }
 }

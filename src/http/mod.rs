@@ -95,7 +95,7 @@ pub fn router(app: AppRef) -> Router {
                 )
                 .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
                 .layer(cors)
-                .layer(edge::EdgeLayer::new(app)),
+                .layer(edge::EdgeLayer::new(app.metrics.clone())),
         )
 }
 

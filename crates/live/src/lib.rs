@@ -281,12 +281,13 @@ impl Origin {
 }
 
 async fn notifier(url: String, schema: String, origin: Origin, mut rx: mpsc::Receiver<(String, String)>) {
-    let mut conn: Option<(tokio_postgres::Client, Secret)> = None;
+    let mut conn: Option<Notifying> = None;
     // Each run's pair of tokens, which costs two HMACs to make: a busy run is notified
     // hundreds of times a second (the keyed tokens were 2% of the service's CPU under
     // single appends, docs/benchmarks-log.md, 2026-11-29 16:20). Emptied when it fills
     // and when the secret is read again.
     let mut tokens: std::collections::HashMap<(String, String), String> = Default::default();
+    let header = origin.header();
     while let Some(first) = rx.recv().await {
         let mut runs: std::collections::HashSet<(String, String)> = Default::default();
         runs.insert(first);
@@ -295,20 +296,18 @@ async fn notifier(url: String, schema: String, origin: Origin, mut rx: mpsc::Rec
             runs.insert(pointer);
         }
         if conn.is_none() {
-            conn = connect_with_secret(&url, &schema).await.ok();
+            conn = Notifying::connect(&url, &schema).await.ok();
             tokens.clear();
         }
         if tokens.len() + runs.len() > TOKENS_KEPT {
             tokens.clear();
         }
-        let Some((c, secret)) = &conn else { continue };
-        let chan = secret.channel();
-        let header = origin.header();
+        let Some(n) = &conn else { continue };
         let mut payloads = vec![header.clone()];
         let sent_ms = chrono::Utc::now().timestamp_millis();
         for (t, r) in runs {
             let pair = tokens.entry((t, r)).or_insert_with_key(|(t, r)| {
-                format!("{} {}", secret.tenant_token(t), secret.run_token(t, r))
+                format!("{} {}", n.secret.tenant_token(t), n.secret.run_token(t, r))
             });
             // The send time lets receivers measure notification lag.
             let line = format!("{pair} {sent_ms}\n");
@@ -320,12 +319,31 @@ async fn notifier(url: String, schema: String, origin: Origin, mut rx: mpsc::Rec
             }
         }
         for payload in payloads {
-            if let Err(e) = c.execute("SELECT pg_notify($1, $2)", &[&chan, &payload]).await {
+            if let Err(e) = n.client.execute(&n.notify, &[&n.channel, &payload]).await {
                 tracing::warn!(error = %e, "notify failed; other processes catch up by the safety poll");
                 conn = None;
                 break;
             }
         }
+    }
+}
+
+/// The notifier's connection, with what it sends on every NOTIFY made once: the
+/// channel's name (an HMAC) and the prepared `pg_notify`. Made for each NOTIFY, they
+/// were 44% of the notifier's instructions, and PostgreSQL parsed the statement each
+/// time (docs/benchmarks-log.md, 2026-11-30 19:00).
+struct Notifying {
+    client: tokio_postgres::Client,
+    secret: Secret,
+    channel: String,
+    notify: tokio_postgres::Statement,
+}
+
+impl Notifying {
+    async fn connect(url: &str, schema: &str) -> anyhow::Result<Notifying> {
+        let (client, secret) = connect_with_secret(url, schema).await?;
+        let notify = client.prepare("SELECT pg_notify($1, $2)").await?;
+        Ok(Notifying { channel: secret.channel(), client, secret, notify })
     }
 }
 

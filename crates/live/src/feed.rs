@@ -27,7 +27,11 @@
 //! earlier.
 
 use std::any::Any;
-use std::collections::HashMap;
+// foldhash, not SipHash: these maps are hashed several times for every event (run
+// and tenant ids, channel tokens); SipHash was ~5% of the service's instructions
+// under many-runs (docs/benchmarks-log.md, 2026-11-30 19:00). Its seed is random per
+// process, and the keys are server-made or validated ids.
+use foldhash::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};

@@ -286,10 +286,10 @@ async fn notifier(url: String, schema: String, origin: Origin, mut rx: mpsc::Rec
     // hundreds of times a second (the keyed tokens were 2% of the service's CPU under
     // single appends, docs/benchmarks-log.md, 2026-11-29 16:20). Emptied when it fills
     // and when the secret is read again.
-    let mut tokens: std::collections::HashMap<(String, String), String> = Default::default();
+    let mut tokens: foldhash::HashMap<(String, String), String> = Default::default();
     let header = origin.header();
     while let Some(first) = rx.recv().await {
-        let mut runs: std::collections::HashSet<(String, String)> = Default::default();
+        let mut runs: foldhash::HashSet<(String, String)> = Default::default();
         runs.insert(first);
         let deadline = tokio::time::Instant::now() + COALESCE;
         while let Ok(Some(pointer)) = tokio::time::timeout_at(deadline, rx.recv()).await {
@@ -388,8 +388,8 @@ async fn listener(
 /// (so a line for a run nobody here watches costs a lookup, not a rebuild).
 struct Watched {
     generation: Option<u64>,
-    runs: std::collections::HashMap<String, (String, String)>,
-    tenants: std::collections::HashMap<String, String>,
+    runs: foldhash::HashMap<String, (String, String)>,
+    tenants: foldhash::HashMap<String, String>,
 }
 
 impl Watched {
@@ -444,8 +444,8 @@ async fn listen_once(
         while let Ok(more) = rx.try_recv() {
             payloads.push(more);
         }
-        let mut runs: std::collections::HashSet<(String, String)> = Default::default();
-        let mut tenants: std::collections::HashSet<String> = Default::default();
+        let mut runs: foldhash::HashSet<(String, String)> = Default::default();
+        let mut tenants: foldhash::HashSet<String> = Default::default();
         let own = listening.origin.header();
         for payload in &payloads {
             // This process's own lines: their runs' subscribers here were woken when
@@ -488,8 +488,8 @@ fn note_line(
     secret: &Secret,
     watched: &mut Watched,
     metrics: &Metrics,
-    runs: &mut std::collections::HashSet<(String, String)>,
-    tenants: &mut std::collections::HashSet<String>,
+    runs: &mut foldhash::HashSet<(String, String)>,
+    tenants: &mut foldhash::HashSet<String>,
 ) {
     let mut parts = line.split(' ');
     let (Some(tenant_token), Some(run_token)) = (parts.next(), parts.next()) else { return };

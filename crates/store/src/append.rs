@@ -18,7 +18,11 @@
 //! Any failure before the commit rolls the whole batch back: nothing partial is stored.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+// foldhash, not SipHash: these maps are hashed several times for every event (run
+// and tenant ids, channel tokens); SipHash was ~5% of the service's instructions
+// under many-runs (docs/benchmarks-log.md, 2026-11-30 19:00). Its seed is random per
+// process, and the keys are server-made or validated ids.
+use foldhash::HashMap;
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};

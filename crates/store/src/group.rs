@@ -20,7 +20,11 @@
 //!   connection), nothing of the group is stored and every accepted append is redone
 //!   alone through the single-append path, which answers it exactly as it would have.
 
-use std::collections::HashMap;
+// foldhash, not SipHash: these maps are hashed several times for every event (run
+// and tenant ids, channel tokens); SipHash was ~5% of the service's instructions
+// under many-runs (docs/benchmarks-log.md, 2026-11-30 19:00). Its seed is random per
+// process, and the keys are server-made or validated ids.
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -552,7 +556,7 @@ async fn build(
     runs: &[String],
     slots: &[tokio::sync::OwnedMutexGuard<Option<Cached>>],
     rows: &[tokio_postgres::Row],
-    heads: &HashMap<String, (i64, Option<Ulid>)>,
+    heads: &std::collections::HashMap<String, (i64, Option<Ulid>)>,
     jobs: &[Job],
 ) -> std::result::Result<Built, Failed> {
     let mut now: Option<DateTime<Utc>> = None;

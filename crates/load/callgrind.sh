@@ -1,6 +1,6 @@
 #!/bin/bash
-# The service's own instructions per event, counted by callgrind: repeatable to a
-# fraction of a percent for the same binary and inputs, however busy the machine is,
+# The service's own instructions per event, counted by callgrind: repeatable to about
+# a percent for the same binary and inputs, however busy the machine is,
 # where CPU time on these shared 2-core machines moves by ±10% between runs.
 #
 #   crates/load/callgrind.sh [SERVER_BINARY] [streaming|single]

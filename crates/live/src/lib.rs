@@ -331,7 +331,7 @@ async fn notifier(url: String, schema: String, origin: Origin, mut rx: mpsc::Rec
 /// The notifier's connection, with what it sends on every NOTIFY made once: the
 /// channel's name (an HMAC) and the prepared `pg_notify`. Made for each NOTIFY, they
 /// were 44% of the notifier's instructions, and PostgreSQL parsed the statement each
-/// time (docs/benchmarks-log.md, 2026-11-30 19:00).
+/// time (docs/benchmarks-log.md, 2026-11-30 18:28).
 struct Notifying {
     client: tokio_postgres::Client,
     secret: Secret,

@@ -302,7 +302,7 @@ impl Out {
             // serde_json output: UTF-8 by construction, so this borrows. `from_utf8`
             // checks it several times faster than `from_utf8_lossy`'s walk, which was
             // 1% of the service's instructions under many-runs (docs/benchmarks-log.md,
-            // 2026-11-30 19:00).
+            // 2026-11-30 18:28).
             Data::Wire(w) => match std::str::from_utf8(w.json()) {
                 Ok(s) => s.into(),
                 Err(_) => String::from_utf8_lossy(w.json()),

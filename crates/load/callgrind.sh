@@ -1,7 +1,9 @@
 #!/bin/bash
 # The service's own instructions per event, counted by callgrind: repeatable to about
-# a percent for the same binary and inputs, however busy the machine is,
-# where CPU time on these shared 2-core machines moves by ±10% between runs.
+# a percent for the same binary and load, where CPU time on these shared 2-core
+# machines moves by ±10% between runs. Run it on an otherwise quiet machine: beside a
+# compile the server falls further behind, its groups grow and the count falls (a pass
+# of 857 M instructions measured 703 M).
 #
 #   crates/load/callgrind.sh [SERVER_BINARY] [streaming|single]
 #

@@ -1,53 +1,80 @@
 #!/bin/bash
-# The service's own instructions per event, counted by callgrind: repeatable to about
-# a percent for the same binary and load, where CPU time on these shared 2-core
-# machines moves by ±10% between runs. Run it on an otherwise quiet machine: beside a
-# compile the server falls further behind, its groups grow and the count falls (a pass
-# of 857 M instructions measured 703 M).
+# The service's own instructions per single-event append, counted by callgrind: an A/B
+# that repeats to a fraction of a percent on a quiet machine, where CPU time on these
+# shared 2-core machines moves by ±10% between runs.
 #
-#   crates/load/callgrind.sh [SERVER_BINARY] [streaming|single]
+#   crates/load/callgrind.sh [SERVER_BINARY] [APPENDS]
 #
-# Runs `agent-stream-load many-runs` with 40 runs (800 events/s; callgrind runs the server
-# some 50x slower than native) twice, for 5 s and for 10 s, with the server under
-# `valgrind --tool=callgrind`, and prints the instructions the second pass spent more
-# divided by the events it appended more: the cost of an event without the server's
-# start-up and the runs' opening. Needs valgrind, a release build of the load tool
-# (`cargo build --release -p agent-stream-load`) and DATABASE_URL (default: the local
-# PostgreSQL on 127.0.0.1:5432, database `test`).
+# Starts `SERVER_BINARY serve` (default target/release/agent-stream) under `valgrind
+# --tool=callgrind` over a schema of its own, has 8 clients append single text deltas
+# to a run each, a request at a time (400 to warm up, then APPENDS, default 2,000, with
+# the counts zeroed between), and prints the server's instructions per append. The
+# closed loop keeps the groups the same size from run to run; an open-loop load (a
+# many-runs pass under callgrind, say) does not, because how far the slowed server falls
+# behind sets its group sizes, and the count moved by 20% between runs of one build.
+# User space only: the kernel's sends and receives are not counted. Needs valgrind,
+# python3, curl, psql and DATABASE_URL (default: 127.0.0.1:5432, database `test`).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$(realpath "${1:-$here/target/release/agent-stream}")
-mode=${2:-streaming}
-load=${LOAD_BIN:-$here/target/release/agent-stream-load}
+appends=${2:-2000}
 export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
+export RUST_LOG=error
+schema=callgrind_$$
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
-# The load tool kills the server it started with SIGKILL, which would lose callgrind's
-# counts: the wrapper leaves valgrind running in the background, and this script stops
-# it with SIGTERM (the service then shuts down and callgrind writes its file).
-cat > "$work/server" <<EOF
-#!/bin/bash
-valgrind --tool=callgrind --callgrind-out-file="\$CG_OUT" "$bin" "\$@" &
-wait
-EOF
-chmod +x "$work/server"
-
-pass() {
-    local secs=$1 out="$work/cg.$1"
-    CG_OUT=$out AGENT_STREAM_BIN="$work/server" MANY_RUNS=40 MANY_SECS=$secs MANY_MODE=$mode \
-        "$load" many-runs > "$work/log.$secs" 2>&1
-    local pid
-    pid=$(pgrep -f "callgrind-out-file=$out " | head -1)
-    kill "$pid"
-    while kill -0 "$pid" 2>/dev/null; do sleep 0.5; done
-    local events ir
-    events=$(awk -F'|' '/^\| agent-stream/ {split($7, a, "/"); print a[2] + 0}' "$work/log.$secs")
-    ir=$(awk '/^totals:/ {print $2}' "$out")
-    echo "$events $ir"
+pid=
+cleanup() {
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+    psql -q "$DATABASE_URL" -c "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null 2>&1 || true
+    rm -rf "$work"
 }
+trap cleanup EXIT
 
-read -r e5 i5 < <(pass 5)
-read -r e10 i10 < <(pass 10)
-echo "$mode, $(basename "$(dirname "$bin")")/$(basename "$bin"): 5 s: $e5 events, $i5 instructions; 10 s: $e10 events, $i10 instructions"
-echo "instructions per event: $(( (i10 - i5) / (e10 - e5) ))"
+"$bin" migrate --schema "$schema" >/dev/null
+key=$("$bin" tenant create callgrind --schema "$schema" | tail -1)
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+
+valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" "$bin" serve --listen "127.0.0.1:$port" \
+    --schema "$schema" --append-rate 0 --retention-interval 0 > "$work/server.log" 2>&1 &
+pid=$!
+for _ in $(seq 120); do
+    curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break
+    sleep 0.5
+done
+
+# The producers: each makes a run and appends to it, one request in flight.
+cat > "$work/drive.py" <<'EOF'
+import http.client, json, sys, threading
+port, key, total, clients = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), 8
+headers = {"authorization": "Bearer " + key, "content-type": "application/json"}
+def produce(i, done):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    c.request("POST", "/v1/runs", body=b"", headers=headers)
+    run = json.loads(c.getresponse().read())["run_id"]
+    for n in range(total // clients):
+        text = f"token {n} lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod"
+        c.request("POST", f"/v1/runs/{run}/events", headers=headers,
+                  body=json.dumps([{"type": "text.delta", "payload": {"text": text}}]))
+        r = c.getresponse()
+        r.read()
+        done[i] += r.status == 201
+done = [0] * clients
+threads = [threading.Thread(target=produce, args=(i, done)) for i in range(clients)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(sum(done))
+EOF
+
+python3 "$work/drive.py" "$port" "$key" 400 >/dev/null
+callgrind_control -z "$pid" >/dev/null 2>&1
+written=$(python3 "$work/drive.py" "$port" "$key" "$appends")
+callgrind_control -d "$pid" >/dev/null 2>&1
+kill "$pid"
+wait "$pid" || true
+pid=
+if [ "$written" != "$appends" ]; then
+    echo "error: $written of $appends appends answered 201 (server log: $work/server.log)" >&2
+    exit 1
+fi
+ir=$(awk '/^totals:/ {print $2}' "$work/cg.out.1")
+echo "$(basename "$(dirname "$bin")")/$(basename "$bin"): $appends single appends, $ir instructions: $((ir / appends)) per append"

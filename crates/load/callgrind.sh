@@ -1,6 +1,6 @@
 #!/bin/bash
 # The service's own instructions per single-event append, counted by callgrind: an A/B
-# that repeats to a fraction of a percent on a quiet machine, where CPU time on these
+# that repeats to within 1% on a quiet machine, where CPU time on these
 # shared 2-core machines moves by ±10% between runs.
 #
 #   crates/load/callgrind.sh [SERVER_BINARY] [APPENDS]

@@ -556,7 +556,7 @@ async fn build(
     runs: &[String],
     slots: &[tokio::sync::OwnedMutexGuard<Option<Cached>>],
     rows: &[tokio_postgres::Row],
-    heads: &std::collections::HashMap<String, (i64, Option<Ulid>)>,
+    heads: &HashMap<String, (i64, Option<Ulid>)>,
     jobs: &[Job],
 ) -> std::result::Result<Built, Failed> {
     let mut now: Option<DateTime<Utc>> = None;

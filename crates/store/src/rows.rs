@@ -239,7 +239,7 @@ pub async fn heads<C: GenericClient>(
     c: &C,
     tenant: &str,
     runs: &[String],
-) -> Result<std::collections::HashMap<String, Head>> {
+) -> Result<foldhash::HashMap<String, Head>> {
     let stmt = c.prepare_cached(HEADS).await?;
     Ok(c.query(&stmt, &[&tenant, &runs]).await?.iter().map(head_of).collect())
 }
@@ -273,7 +273,7 @@ pub async fn hold_and_read_heads<C: GenericClient>(
     c: &C,
     tenant: &str,
     runs: &[String],
-) -> Result<std::collections::HashMap<String, Head>> {
+) -> Result<foldhash::HashMap<String, Head>> {
     let hold = c.prepare_cached(HOLD_RUNS).await?;
     let keys = writer_keys(runs);
     let key_params: [&(dyn ToSql + Sync); 1] = [&keys];

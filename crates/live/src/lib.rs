@@ -340,18 +340,13 @@ struct Notifying {
 }
 
 impl Notifying {
+    /// An owner connection, the schema's secret read on it, and the statement.
     async fn connect(url: &str, schema: &str) -> anyhow::Result<Notifying> {
-        let (client, secret) = connect_with_secret(url, schema).await?;
+        let client = connect_owner(url, schema).await?;
+        let secret = Secret::load(&client).await?;
         let notify = client.prepare("SELECT pg_notify($1, $2)").await?;
         Ok(Notifying { channel: secret.channel(), client, secret, notify })
     }
-}
-
-/// An owner connection and the schema's secret read on it.
-async fn connect_with_secret(url: &str, schema: &str) -> anyhow::Result<(tokio_postgres::Client, Secret)> {
-    let c = connect_owner(url, schema).await?;
-    let secret = Secret::load(&c).await?;
-    Ok((c, secret))
 }
 
 /// The listener's state shared with [`Live`].
@@ -438,6 +433,7 @@ async fn listen_once(
     hub.wake_all();
     let mut watched = Watched { generation: None, runs: Default::default(), tenants: Default::default() };
     let check = client.prepare(agent_stream_store::rows::HEADS).await?;
+    let own = listening.origin.header();
     while let Some(first) = rx.recv().await {
         // Everything that arrived together is checked with one read.
         let mut payloads = vec![first];
@@ -446,7 +442,6 @@ async fn listen_once(
         }
         let mut runs: foldhash::HashSet<(String, String)> = Default::default();
         let mut tenants: foldhash::HashSet<String> = Default::default();
-        let own = listening.origin.header();
         for payload in &payloads {
             // This process's own lines: their runs' subscribers here were woken when
             // the append committed; only the lag is measured. A forged mark can only

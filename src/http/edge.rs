@@ -11,14 +11,13 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request};
 use axum::http::Method;
 use axum::response::{IntoResponse, Response};
-
-use std::sync::Arc;
 
 use crate::metrics::Metrics;
 

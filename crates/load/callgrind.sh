@@ -16,6 +16,8 @@
 # no SHA extensions, so the API key's SHA-256 runs in software here (~7% of the count)
 # where the service natively uses the CPU's. Needs valgrind,
 # python3, curl, psql and DATABASE_URL (default: 127.0.0.1:5432, database `test`).
+# CALLGRIND_KEEP=FILE keeps the measured profile there, for `callgrind_annotate
+# --inclusive=yes FILE` to say where the instructions go.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$(realpath "${1:-$here/target/release/agent-stream}")
@@ -79,4 +81,5 @@ if [ "$written" != "$appends" ]; then
     exit 1
 fi
 ir=$(awk '/^totals:/ {print $2}' "$work/cg.out.1")
+[ -n "${CALLGRIND_KEEP:-}" ] && cp "$work/cg.out.1" "$CALLGRIND_KEEP"
 echo "$(basename "$(dirname "$bin")")/$(basename "$bin"): $appends single appends, $ir instructions: $((ir / appends)) per append"

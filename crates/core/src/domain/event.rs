@@ -615,11 +615,10 @@ impl Event {
     }
 }
 
-/// The envelope as it appears on the wire.
-#[derive(Serialize, Deserialize)]
+/// The envelope as it appears on the wire, as read.
+#[derive(Deserialize)]
 struct Wire<'a> {
     id: Ulid,
-    #[serde(serialize_with = "ts_millis")]
     ts: DateTime<Utc>,
     #[serde(rename = "type")]
     type_name: std::borrow::Cow<'a, str>,
@@ -629,20 +628,69 @@ struct Wire<'a> {
     payload: Value,
 }
 
+/// The envelope as written: the payload straight from its type, as the append path
+/// stores it ([`EventBody::payload_text`]), rather than through a `Value` built for
+/// the purpose (a live event is written once per page and dialect; the `Value` and its
+/// map were half of the envelope's cost).
+#[derive(Serialize)]
+struct WireOut<'a> {
+    id: Ulid,
+    #[serde(serialize_with = "ts_millis")]
+    ts: DateTime<Utc>,
+    #[serde(rename = "type")]
+    type_name: std::borrow::Cow<'a, str>,
+    run_id: &'a str,
+    child_id: Option<&'a str>,
+    seq: i64,
+    payload: PayloadRef<'a>,
+}
+
 fn ts_millis<S: Serializer>(ts: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&ts.to_rfc3339_opts(SecondsFormat::Millis, true))
+    match millis_text(ts) {
+        Some(text) => s.serialize_str(std::str::from_utf8(&text).map_err(serde::ser::Error::custom)?),
+        None => s.serialize_str(&ts.to_rfc3339_opts(SecondsFormat::Millis, true)),
+    }
+}
+
+/// `ts` as `to_rfc3339_opts(SecondsFormat::Millis, true)` writes it
+/// (`2026-11-30T21:05:09.042Z`), for years 0 to 9999 (`None` outside them): written
+/// digit by digit because chrono's formatter, with its allocation, cost a live event
+/// about as much as the rest of its envelope.
+fn millis_text(ts: &DateTime<Utc>) -> Option<[u8; 24]> {
+    use chrono::{Datelike, Timelike};
+    let year = u32::try_from(ts.year()).ok().filter(|y| *y <= 9999)?;
+    // A leap second shows as second 60 in chrono's text as well.
+    let (second, nanos) = match ts.nanosecond() {
+        n if n >= 1_000_000_000 => (ts.second() + 1, n - 1_000_000_000),
+        n => (ts.second(), n),
+    };
+    let mut out = *b"0000-00-00T00:00:00.000Z";
+    let mut put = |at: usize, width: usize, mut v: u32| {
+        for i in (at..at + width).rev() {
+            out[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+    };
+    put(0, 4, year);
+    put(5, 2, ts.month());
+    put(8, 2, ts.day());
+    put(11, 2, ts.hour());
+    put(14, 2, ts.minute());
+    put(17, 2, second);
+    put(20, 3, nanos / 1_000_000);
+    Some(out)
 }
 
 impl Serialize for Event {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        Wire {
+        WireOut {
             id: self.id,
             ts: self.ts,
             type_name: self.body.type_name(),
-            run_id: std::borrow::Cow::Borrowed(&self.run_id),
-            child_id: self.child_id.as_deref().map(std::borrow::Cow::Borrowed),
+            run_id: &self.run_id,
+            child_id: self.child_id.as_deref(),
             seq: self.seq,
-            payload: self.body.payload(),
+            payload: PayloadRef(&self.body),
         }
         .serialize(s)
     }
@@ -666,6 +714,56 @@ impl<'de> Deserialize<'de> for Event {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn millis_text_is_chronos() {
+        use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
+        let mut times: Vec<DateTime<Utc>> = vec![
+            DateTime::UNIX_EPOCH,
+            Utc::now(),
+            NaiveDate::from_ymd_opt(9999, 12, 31)
+                .unwrap()
+                .and_hms_milli_opt(23, 59, 59, 999)
+                .unwrap()
+                .and_utc(),
+            NaiveDate::from_ymd_opt(2016, 12, 31)
+                .unwrap()
+                .and_hms_milli_opt(23, 59, 59, 1_500)
+                .unwrap()
+                .and_utc(),
+            NaiveDate::from_ymd_opt(7, 2, 3).unwrap().and_hms_nano_opt(4, 5, 6, 7_999_999).unwrap().and_utc(),
+        ];
+        // Every field's digits, over a spread of instants.
+        let mut t = 0i64;
+        for _ in 0..5_000 {
+            t = t.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            times.push(DateTime::from_timestamp_millis(t.rem_euclid(253_402_300_799_999)).unwrap());
+        }
+        for ts in times {
+            let ours = super::millis_text(&ts).expect("a year within 0..=9999");
+            assert_eq!(std::str::from_utf8(&ours).unwrap(), ts.to_rfc3339_opts(SecondsFormat::Millis, true));
+        }
+        let far = NaiveDate::from_ymd_opt(10_000, 1, 1).unwrap().and_hms_opt(0, 0, 0).unwrap().and_utc();
+        assert_eq!(super::millis_text(&far), None);
+        let json = serde_json::to_value(
+            crate::testkit::stored(&crate::testkit::generated_run_mix(1, 1, 0))[0].clone(),
+        )
+        .unwrap();
+        assert!(json["ts"].as_str().is_some_and(|s| s.len() == 24 && s.ends_with('Z')), "{json}");
+    }
+
+    /// The envelope writes each payload as its `Value` reads: what a reader gets is the
+    /// stored payload, whichever way it was written.
+    #[test]
+    fn the_envelope_carries_the_payload() {
+        let events = crate::testkit::stored(&crate::testkit::generated_run_mix(3, 2000, 0));
+        for e in &events {
+            let json = serde_json::to_value(e).expect("json");
+            assert_eq!(json["payload"], e.body.payload(), "{}", e.body.type_name());
+            let back: super::Event = serde_json::from_value(json).expect("read back");
+            assert_eq!(back.body, e.body);
+        }
+    }
+
     /// The text the append path stores is the same JSON as the payload every reader
     /// gets, for every kind of event.
     #[test]

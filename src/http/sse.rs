@@ -51,7 +51,13 @@ pub(crate) fn write_frame(buf: &mut BytesMut, id: &Cursor, event: Option<&str>, 
 
 /// Appends the frame of one item.
 fn write_item(buf: &mut BytesMut, o: &Out) {
-    write_frame(buf, &o.cursor(), o.event.as_deref(), &o.to_text());
+    let text = o.to_text();
+    // Room for the whole frame at once: the id, the names and one line of data (JSON
+    // has no raw newline) fit in 64 bytes more. Grown a field at a time, a lone
+    // frame's buffer was reallocated five times (13% of the shared frame's cost under
+    // many-runs, docs/benchmarks-log.md, 2026-11-30 20:55).
+    buf.reserve(text.len() + o.event.as_deref().map_or(0, str::len) + 64);
+    write_frame(buf, &o.cursor(), o.event.as_deref(), &text);
 }
 
 /// The item's frame, shared with every subscriber of its page when it is the page's

@@ -17,7 +17,10 @@
 # where the service natively uses the CPU's. Needs valgrind,
 # python3, curl, psql and DATABASE_URL (default: 127.0.0.1:5432, database `test`).
 # CALLGRIND_KEEP=FILE keeps the measured profile there, for `callgrind_annotate
-# --inclusive=yes FILE` to say where the instructions go.
+# --inclusive=yes FILE` to say where the instructions go. CALLGRIND_SSE=1 gives each
+# client's run an SSE subscriber (native, `detail=full`, as many-runs has), and each
+# client waits for its event to arrive there before the next append: the count per
+# append then holds one delivery, each page one event, as closed-loop as the appends.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$(realpath "${1:-$here/target/release/agent-stream}")
@@ -50,18 +53,35 @@ done
 cat > "$work/drive.py" <<'EOF'
 import http.client, json, sys, threading
 port, key, total, clients = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), 8
+sse = sys.argv[4] == "1"
 headers = {"authorization": "Bearer " + key, "content-type": "application/json"}
 def produce(i, done):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     c.request("POST", "/v1/runs", body=b"", headers=headers)
     run = json.loads(c.getresponse().read())["run_id"]
+    if sse:
+        s = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        s.request("GET", f"/v1/runs/{run}/stream?detail=full", headers=headers)
+        stream = s.getresponse()
+        assert stream.status == 200, stream.status
     for n in range(total // clients):
         text = f"token {n} lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod"
         c.request("POST", f"/v1/runs/{run}/events", headers=headers,
                   body=json.dumps([{"type": "text.delta", "payload": {"text": text}}]))
         r = c.getresponse()
-        r.read()
-        done[i] += r.status == 201
+        answer = r.read()
+        if r.status != 201:
+            continue
+        if sse:
+            # Read frames until the one of this append's event (its seq is its id).
+            seq = json.loads(answer)["last_seq"]
+            while True:
+                line = stream.readline()
+                if not line:
+                    sys.exit("the stream ended")
+                if line.startswith(b"id: ") and int(line[4:]) >= seq:
+                    break
+        done[i] += 1
 done = [0] * clients
 threads = [threading.Thread(target=produce, args=(i, done)) for i in range(clients)]
 for t in threads: t.start()
@@ -69,9 +89,10 @@ for t in threads: t.join()
 print(sum(done))
 EOF
 
-python3 "$work/drive.py" "$port" "$key" 400 >/dev/null
+sse=${CALLGRIND_SSE:-0}
+python3 "$work/drive.py" "$port" "$key" 400 "$sse" >/dev/null
 callgrind_control -z "$pid" >/dev/null 2>&1
-written=$(python3 "$work/drive.py" "$port" "$key" "$appends")
+written=$(python3 "$work/drive.py" "$port" "$key" "$appends" "$sse")
 callgrind_control -d "$pid" >/dev/null 2>&1
 kill "$pid"
 wait "$pid" || true

@@ -386,8 +386,7 @@ impl<S: Source> Sending<S> {
                 Some(rendered) => rendered.for_each(|one| items.extend_from_slice(one)),
                 // Native renders from the event alone (no fold), into the page's wire.
                 None => {
-                    let mut enc =
-                        Encoding::new(format, enc.run().clone(), crate::projection::RunView::empty());
+                    let mut enc = Encoding::fresh(format, enc.run().clone());
                     for (e, wire) in batch.iter() {
                         enc.push_into(e, Some(wire), &mut items);
                     }

@@ -296,3 +296,18 @@ fn runs_cut_inside_their_first_event_resume_exactly() {
         check_every_shape(&inputs);
     }
 }
+
+/// A fresh encoding, which makes no view for a dialect that does not read one, writes
+/// every dialect's stream of a run as one given a new view does.
+#[test]
+fn a_fresh_encoding_writes_what_a_new_one_does() {
+    let events = stored(&generated_run_mix(11, 400, 0));
+    for format in Format::ALL {
+        let (mut fresh, mut new) =
+            (Encoding::fresh(format, ctx()), Encoding::new(format, ctx(), RunView::new()));
+        for e in &events {
+            assert_eq!(fresh.push(e), new.push(e), "{format:?} at seq {}", e.seq);
+        }
+        assert_eq!(fresh.view_seq(), new.view_seq(), "{format:?}");
+    }
+}

@@ -173,15 +173,6 @@ impl RunView {
         Self::default()
     }
 
-    /// The same as [`RunView::new`], cloned from one made once: a new view allocates
-    /// the roots of its guard's persistent maps (about 1,000 instructions), a clone
-    /// shares them until it changes. For views made often and mostly left empty (the
-    /// native encoding of each live page, docs/benchmarks-log.md, 2026-11-30 20:55).
-    pub fn empty() -> Self {
-        static EMPTY: std::sync::LazyLock<RunView> = std::sync::LazyLock::new(RunView::new);
-        EMPTY.clone()
-    }
-
     /// Folds a whole ordered log.
     pub fn fold<'a>(events: impl IntoIterator<Item = &'a Event>) -> Self {
         let mut v = Self::new();

@@ -35,32 +35,6 @@ fn delta_without_message_id_joins_the_current_open_message_or_opens_one() {
     assert_eq!(v.anomalies, 0);
 }
 
-/// A view cloned from the shared empty one folds as a new one does, and what it
-/// folds does not reach the shared one (the guard's maps are copied on write).
-#[test]
-fn an_empty_view_is_a_new_one_and_stays_empty() {
-    let inputs = [
-        delta("a"),
-        json!({"type": "message.start", "payload": {"message_id": "m2", "role": "assistant"}}),
-        json!({"type": "tool.start", "payload": {"call_id": "c1", "tool": "search", "input": {}}}),
-        delta("b"),
-    ];
-    let mut from_empty = RunView::empty();
-    for e in &log(&inputs) {
-        from_empty.apply(e);
-    }
-    assert_eq!(from_empty, fold(&inputs));
-    assert_eq!(from_empty.anomalies, 0);
-    // The shared one is untouched: the same events fold into it again, unrefused.
-    let mut again = RunView::empty();
-    assert_eq!(again, RunView::new());
-    for e in &log(&inputs) {
-        again.apply(e);
-    }
-    assert_eq!(again.anomalies, 0);
-    assert_eq!(again, from_empty);
-}
-
 #[test]
 fn message_end_with_different_text_is_not_in_a_valid_log() {
     // Refused at append (MESSAGE-TEXT-MISMATCH); in a foreign log it is an anomaly that

@@ -1,7 +1,7 @@
 //! `/v1/runs`: create runs, append events, read runs and their events back.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -168,11 +168,12 @@ pub(crate) async fn append(
     Caller(who): Caller,
     Path(run_id): Path<String>,
     Params(params): Params<AppendParams>,
-    headers: HeaderMap,
-    body: Body,
+    // The request itself rather than a `HeaderMap` extractor, which clones every header.
+    req: Request,
 ) -> super::error::ApiResult<Response> {
-    let framing = framing(&headers)?;
-    let bytes = read_body(&headers, body, app.settings.max_body_bytes).await?;
+    let (parts, body) = req.into_parts();
+    let framing = framing(&parts.headers)?;
+    let bytes = read_body(&parts.headers, body, app.settings.max_body_bytes).await?;
     let mut batch = parse_batch(&bytes, framing, app.settings.limits)?;
     if let Some(expected) = params.expected_last_seq {
         if batch.expected_last_seq.is_some_and(|b| b != expected) {

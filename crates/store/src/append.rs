@@ -18,10 +18,7 @@
 //! Any failure before the commit rolls the whole batch back: nothing partial is stored.
 
 use std::borrow::Cow;
-// foldhash, not SipHash: these maps are hashed several times for every event (run
-// and tenant ids, channel tokens); SipHash was ~5% of the service's instructions
-// under many-runs (docs/benchmarks-log.md, 2026-11-30 18:28). Its seed is random per
-// process, and the keys are server-made or validated ids.
+// foldhash, not SipHash: why, in the workspace Cargo.toml.
 use foldhash::HashMap;
 use std::sync::{Arc, Mutex};
 

@@ -20,10 +20,7 @@
 //!   connection), nothing of the group is stored and every accepted append is redone
 //!   alone through the single-append path, which answers it exactly as it would have.
 
-// foldhash, not SipHash: these maps are hashed several times for every event (run
-// and tenant ids, channel tokens); SipHash was ~5% of the service's instructions
-// under many-runs (docs/benchmarks-log.md, 2026-11-30 18:28). Its seed is random per
-// process, and the keys are server-made or validated ids.
+// foldhash, not SipHash: why, in the workspace Cargo.toml.
 use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 

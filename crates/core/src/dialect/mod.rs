@@ -428,7 +428,7 @@ impl Encoding {
         let encoder = encoder(format);
         let start = view.seq;
         let view = encoder.needs_view().then(|| Box::new(view));
-        Encoding::with(format, run, view, start)
+        Encoding::with(format, encoder, run, view, start)
     }
 
     /// `Encoding::new(format, run, RunView::new())`, without making the view when the
@@ -436,12 +436,18 @@ impl Encoding {
     /// about 1,000 instructions, and the native encoding of each live page made one to
     /// drop it (docs/benchmarks-log.md, 2026-11-30 20:55).
     pub fn fresh(format: Format, run: RunCtx) -> Encoding {
-        let view = encoder(format).needs_view().then(|| Box::new(RunView::new()));
-        Encoding::with(format, run, view, 0)
+        let encoder = encoder(format);
+        let view = encoder.needs_view().then(|| Box::new(RunView::new()));
+        Encoding::with(format, encoder, run, view, 0)
     }
 
-    fn with(format: Format, run: RunCtx, view: Option<Box<RunView>>, start: i64) -> Encoding {
-        let encoder = encoder(format);
+    fn with(
+        format: Format,
+        encoder: &'static dyn Encoder,
+        run: RunCtx,
+        view: Option<Box<RunView>>,
+        start: i64,
+    ) -> Encoding {
         Encoding {
             format,
             run,

@@ -13,9 +13,11 @@
 //!   run's fold (`{lifecycle, plan}`), written by the runtime and the service; the
 //!   runtime has its own tools.
 //!
-//! The answer is the run's `agui` stream, re-synchronised at the run's newest event
-//! (`RUN_STARTED`, `STATE_SNAPSHOT`, `MESSAGES_SNAPSHOT`, which replaces the agent's
-//! messages, the posted ones included), then live until the run ends.
+//! The answer is the run's `agui` stream, re-synchronised at the last event this request
+//! wrote, or at the run's newest event when it wrote nothing (`RUN_STARTED`,
+//! `STATE_SNAPSHOT`, `MESSAGES_SNAPSHOT`, which replaces the agent's messages, the posted
+//! ones included), then live until the run ends: an answer the runtime appends after
+//! the posted message arrives as deltas however quickly it comes.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -24,7 +26,7 @@ use axum::response::Response;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::bus::{append_user_messages, stream_from_now, UserMessage};
+use super::bus::{append_user_messages, stream_after_post, UserMessage};
 use super::extract::{read_json, Caller};
 use crate::app::{AppRef, Control};
 use crate::dialect::Format;
@@ -118,12 +120,12 @@ pub(crate) async fn run(
             decisions.push(decision(&view, r)?);
         }
     }
-    append_user_messages(&app, &who, &run.run_id, &users).await?;
+    let mut written = append_user_messages(&app, &who, &run.run_id, &users).await?;
     for d in decisions {
-        app.control(&who, &run.run_id, d).await?;
+        let out = app.control(&who, &run.run_id, d).await?;
+        written = written.max(Some(out.last_seq));
     }
-    let run = app.run(&who, &run.run_id).await?;
-    Ok(stream_from_now(&app, who, run, Format::Agui).await?)
+    Ok(stream_after_post(&app, who, &run.run_id, written, Format::Agui).await?)
 }
 
 /// What one `resume` entry decides on the run's pending plan.

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::bus::{append_user_messages, stream_at, stream_from_now, UserMessage};
+use super::bus::{append_user_messages, stream_after_post, stream_at, UserMessage};
 use super::extract::{read_json, Caller};
 use crate::app::{check_cursor, AppRef};
 use crate::dialect::{Cursor, Format};
@@ -87,11 +87,11 @@ pub(crate) async fn send(
 ) -> super::error::ApiResult<Response> {
     let req: ChatRequest = read_json(&headers, body, app.settings.max_body_bytes).await?;
     let run = app.run(&who, &req.id).await?;
-    if let Some(m) = new_user_message(&req) {
-        append_user_messages(&app, &who, &run.run_id, &[m]).await?;
-    }
-    let run = app.run(&who, &run.run_id).await?;
-    Ok(stream_from_now(&app, who, run, Format::Vercel).await?)
+    let written = match new_user_message(&req) {
+        Some(m) => append_user_messages(&app, &who, &run.run_id, &[m]).await?,
+        None => None,
+    };
+    Ok(stream_after_post(&app, who, &run.run_id, written, Format::Vercel).await?)
 }
 
 /// `GET /v1/chat/{run_id}/stream`

@@ -785,11 +785,14 @@ async fn a_runtime_answering_at_once_reaches_the_posting_client_as_deltas() {
     use futures::StreamExt;
     let t = TestApp::new().await;
     let answer = ["The", " answer", " is", " 42."];
+    // The runtime reads the run from its start, so it sees the user's message whenever
+    // its subscription opens.
     let runtime = |run: String| {
-        let (http, base, key) = (t.http.clone(), t.base.clone(), t.key_a.clone());
+        let t = &t;
         async move {
-            let url = format!("{base}/v1/runs/{run}/stream?format=native&detail=full");
-            let mut body = http.get(url).bearer_auth(&key).send().await.expect("subscribe").bytes_stream();
+            let url = format!("{}/v1/runs/{run}/stream?format=native&detail=full", t.base);
+            let mut body =
+                t.http.get(url).bearer_auth(&t.key_a).send().await.expect("subscribe").bytes_stream();
             let mut buf = String::new();
             while let Some(chunk) = body.next().await {
                 buf.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
@@ -797,20 +800,15 @@ async fn a_runtime_answering_at_once_reaches_the_posting_client_as_deltas() {
                     .iter()
                     .any(|e| e["type"] == "message.end" && e["payload"]["message_id"] == "q");
                 if asked {
-                    let mut events = vec![
-                        json!({"type": "message.start", "payload": {"message_id": "a", "role": "assistant"}}),
-                    ];
-                    events.extend(answer.iter().map(|w| delta(w)));
-                    events.push(json!({"type": "message.end", "payload": {"message_id": "a", "stop_reason": "end_turn"}}));
-                    events.push(json!({"type": "run.lifecycle", "payload": {"state": "done"}}));
-                    let r = http
-                        .post(format!("{base}/v1/runs/{run}/events"))
-                        .bearer_auth(&key)
-                        .json(&events)
-                        .send()
-                        .await
-                        .expect("answer");
-                    assert!(r.status().is_success(), "{}", r.text().await.unwrap_or_default());
+                    let start =
+                        json!({"type": "message.start", "payload": {"message_id": "a", "role": "assistant"}});
+                    let end = json!({"type": "message.end", "payload": {"message_id": "a", "stop_reason": "end_turn"}});
+                    let done = json!({"type": "run.lifecycle", "payload": {"state": "done"}});
+                    let events: Vec<Value> = std::iter::once(start)
+                        .chain(answer.iter().map(|w| delta(w)))
+                        .chain([end, done])
+                        .collect();
+                    t.append_ok(&t.key_a, &run, Value::Array(events)).await;
                     return;
                 }
             }
@@ -822,8 +820,7 @@ async fn a_runtime_answering_at_once_reaches_the_posting_client_as_deltas() {
         for i in 0..8 {
             let run = t.create_run(&t.key_a).await;
             t.append_ok(&t.key_a, &run, json!([running()])).await;
-            // Its subscription is open before the client posts: the first frame is read.
-            let rt = tokio::spawn(runtime(run.clone()));
+            let rt = runtime(run.clone());
             let chat = i % 2 == 1;
             let (path, body) = if chat {
                 let m = json!({"id": "q", "role": "user", "parts": [{"type": "text", "text": "hi"}]});
@@ -838,10 +835,12 @@ async fn a_runtime_answering_at_once_reaches_the_posting_client_as_deltas() {
             };
             let post = t.http.post(format!("{}{path}", t.base)).bearer_auth(&t.key_a).json(&body);
             asks.push(async move {
-                let r = post.send().await.expect("post");
-                assert!(r.status().is_success(), "{path}: {}", r.status());
-                let items = sse_data(&r.text().await.expect("stream"));
-                rt.await.expect("runtime");
+                let ask = async {
+                    let r = post.send().await.expect("post");
+                    assert!(r.status().is_success(), "{path}: {}", r.status());
+                    sse_data(&r.text().await.expect("stream"))
+                };
+                let (items, ()) = tokio::join!(ask, rt);
                 (path, chat, items)
             });
         }

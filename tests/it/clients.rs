@@ -764,14 +764,6 @@ async fn the_typescript_client_package_tests_pass() {
     assert!(passed >= Some(16), "all the package's tests ran ({passed:?}):\n{report}");
 }
 
-/// The `data:` lines of an SSE body, parsed.
-fn sse_data(body: &str) -> Vec<Value> {
-    body.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter_map(|d| serde_json::from_str(d).ok())
-        .collect()
-}
-
 /// A runtime that answers the instant the user's message is stored, and ends the run with
 /// the answer (as the README's round trip does): the answer still reaches `POST /v1/agui`
 /// as `TEXT_MESSAGE_CONTENT` deltas and `POST /v1/chat` as text deltas, once, however
@@ -782,7 +774,7 @@ fn sse_data(body: &str) -> Vec<Value> {
 /// pinned by `bus::tests`; this is the whole path, under 32 posts with instant answers.
 #[tokio::test]
 async fn a_runtime_answering_at_once_reaches_the_posting_client_as_deltas() {
-    use futures::StreamExt;
+    use crate::live::SseReader;
     let t = TestApp::new().await;
     let answer = ["The", " answer", " is", " 42."];
     // The runtime reads the run from its start, so it sees the user's message whenever
@@ -791,15 +783,10 @@ async fn a_runtime_answering_at_once_reaches_the_posting_client_as_deltas() {
         let t = &t;
         async move {
             let url = format!("{}/v1/runs/{run}/stream?format=native&detail=full", t.base);
-            let mut body =
-                t.http.get(url).bearer_auth(&t.key_a).send().await.expect("subscribe").bytes_stream();
-            let mut buf = String::new();
-            while let Some(chunk) = body.next().await {
-                buf.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
-                let asked = sse_data(&buf)
-                    .iter()
-                    .any(|e| e["type"] == "message.end" && e["payload"]["message_id"] == "q");
-                if asked {
+            let mut frames =
+                SseReader::new(t.http.get(url).bearer_auth(&t.key_a).send().await.expect("subscribe"));
+            while let Some(f) = frames.next().await {
+                if f.data["type"] == "message.end" && f.data["payload"]["message_id"] == "q" {
                     let start =
                         json!({"type": "message.start", "payload": {"message_id": "a", "role": "assistant"}});
                     let end = json!({"type": "message.end", "payload": {"message_id": "a", "stop_reason": "end_turn"}});
@@ -838,7 +825,12 @@ async fn a_runtime_answering_at_once_reaches_the_posting_client_as_deltas() {
                 let ask = async {
                     let r = post.send().await.expect("post");
                     assert!(r.status().is_success(), "{path}: {}", r.status());
-                    sse_data(&r.text().await.expect("stream"))
+                    // Read whole rather than with `SseReader`: the AI SDK's stream ends with
+                    // `data: [DONE]`, which is not JSON.
+                    let body = r.text().await.expect("stream");
+                    let data =
+                        body.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]");
+                    data.map(|d| serde_json::from_str::<Value>(d).expect("JSON data")).collect::<Vec<_>>()
                 };
                 let (items, ()) = tokio::join!(ask, rt);
                 (path, chat, items)

@@ -11,24 +11,24 @@ use crate::common::TestApp;
 
 /// One parsed SSE frame.
 #[derive(Debug)]
-struct Frame {
+pub(crate) struct Frame {
     id: Option<i64>,
     event: Option<String>,
-    data: Value,
+    pub(crate) data: Value,
 }
 
 /// Reads frames off a streaming response; `None` at the end of the stream.
-struct SseReader {
+pub(crate) struct SseReader {
     body: futures::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
     buf: String,
 }
 
 impl SseReader {
-    fn new(r: reqwest::Response) -> Self {
+    pub(crate) fn new(r: reqwest::Response) -> Self {
         SseReader { body: r.bytes_stream().boxed(), buf: String::new() }
     }
 
-    async fn next(&mut self) -> Option<Frame> {
+    pub(crate) async fn next(&mut self) -> Option<Frame> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
         loop {
             if let Some(end) = self.buf.find("\n\n") {

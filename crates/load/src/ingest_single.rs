@@ -494,10 +494,10 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (raw_pg, raw_load, _) = raw_cores.per_item_us(raw16);
     let (pg, load, service) = grouped.cores.per_item_us(grouped.rate);
+    let budget = cores as f64 * 1e6 / (2.0 * raw16);
     println!(
-        "CPU per row, µs: raw (16 clients): PostgreSQL {raw_pg:.1}, clients {raw_load:.1}; group commit: PostgreSQL {pg:.1}, service {service:.1}, producers {load:.1}, {:.1} in all; 2x raw leaves {:.1} in all on this machine's {cores} cores",
+        "CPU per row, µs: raw (16 clients): PostgreSQL {raw_pg:.1}, clients {raw_load:.1}; group commit: PostgreSQL {pg:.1}, service {service:.1}, producers {load:.1}, {:.1} in all; 2x raw leaves {budget:.1} in all on this machine's {cores} cores",
         pg + service + load,
-        cores as f64 * 1e6 / (2.0 * raw16)
     );
     // A lower bound on what any single append over HTTP costs here: a request that does
     // nothing (the ceiling's server and clients) plus the database's cost per row at the
@@ -506,7 +506,6 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
     let (_, ceiling_load, ceiling_server) = ceiling.cores.per_item_us(ceiling.rate);
     let (streamed_pg, _, _) = streamed.cores.per_item_us(streamed.rate);
     let bound = ceiling_server + ceiling_load + streamed_pg;
-    let budget = cores as f64 * 1e6 / (2.0 * raw16);
     println!(
         "least CPU per single HTTP append in all, µs: a `GET /healthz` (server {ceiling_server:.1}, clients {ceiling_load:.1}) + PostgreSQL per row at the streaming pass's groups ({streamed_pg:.1}) = {bound:.1}, {:.2}x the {budget:.1} that 2x raw leaves{}",
         bound / budget,

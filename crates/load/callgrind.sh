@@ -21,6 +21,9 @@
 # client's run an SSE subscriber (native, `detail=full`, as many-runs has), and each
 # client waits for its event to arrive there before the next append: the count per
 # append then holds one delivery, each page one event, as closed-loop as the appends.
+# CALLGRIND_STREAM=1 appends through one streaming append per client instead, a line
+# at a time, each waiting for its acknowledgement: every group one event, as in
+# many-runs (with CALLGRIND_SSE=1, many-runs' per-event work in user space).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$(realpath "${1:-$here/target/release/agent-stream}")
@@ -51,9 +54,10 @@ done
 
 # The producers: each makes a run and appends to it, one request in flight.
 cat > "$work/drive.py" <<'EOF'
-import http.client, json, sys, threading
+import http.client, json, socket, sys, threading
 port, key, total, clients = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), 8
 sse = sys.argv[4] == "1"
+stream_mode = sys.argv[5] == "1"
 headers = {"authorization": "Bearer " + key, "content-type": "application/json"}
 def produce(i, done):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
@@ -64,6 +68,38 @@ def produce(i, done):
         s.request("GET", f"/v1/runs/{run}/stream?detail=full", headers=headers)
         stream = s.getresponse()
         assert stream.status == 200, stream.status
+    if stream_mode:
+        # One streaming append per client (chunked NDJSON), a line at a time: each
+        # line waits for its acknowledgement (and its frame) before the next, so every
+        # group is one event, as in many-runs.
+        p = socket.create_connection(("127.0.0.1", port), timeout=600)
+        p.sendall((f"POST /v1/runs/{run}/events/stream HTTP/1.1\r\nhost: x\r\n"
+                   f"authorization: Bearer {key}\r\ncontent-type: application/x-ndjson\r\n"
+                   "transfer-encoding: chunked\r\n\r\n").encode())
+        acks = p.makefile("rb")
+        for n in range(total // clients):
+            line = json.dumps({"type": "text.delta", "payload": {"text": f"token {n} "}}).encode() + b"\n"
+            p.sendall(b"%x\r\n" % len(line) + line + b"\r\n")
+            while True:
+                got = acks.readline()
+                if not got:
+                    sys.exit("the streaming append ended")
+                if got.startswith(b"{"):
+                    break
+            answer = json.loads(got)
+            if "last_seq" not in answer:
+                sys.exit(f"the streaming append answered {got!r}")
+            if sse:
+                seq = answer["last_seq"]
+                while True:
+                    line = stream.readline()
+                    if not line:
+                        sys.exit("the stream ended")
+                    if line.startswith(b"id: ") and int(line[4:]) >= seq:
+                        break
+            done[i] += 1
+        p.sendall(b"0\r\n\r\n")
+        return
     for n in range(total // clients):
         text = f"token {n} lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod"
         c.request("POST", f"/v1/runs/{run}/events", headers=headers,
@@ -90,9 +126,10 @@ print(sum(done))
 EOF
 
 sse=${CALLGRIND_SSE:-0}
-python3 "$work/drive.py" "$port" "$key" 400 "$sse" >/dev/null
+streaming=${CALLGRIND_STREAM:-0}
+python3 "$work/drive.py" "$port" "$key" 400 "$sse" "$streaming" >/dev/null
 callgrind_control -z "$pid" >/dev/null 2>&1
-written=$(python3 "$work/drive.py" "$port" "$key" "$appends" "$sse")
+written=$(python3 "$work/drive.py" "$port" "$key" "$appends" "$sse" "$streaming")
 callgrind_control -d "$pid" >/dev/null 2>&1
 kill "$pid"
 wait "$pid" || true
@@ -103,4 +140,6 @@ if [ "$written" != "$appends" ]; then
 fi
 ir=$(awk '/^totals:/ {print $2}' "$work/cg.out.1")
 [ -n "${CALLGRIND_KEEP:-}" ] && cp "$work/cg.out.1" "$CALLGRIND_KEEP"
-echo "$(basename "$(dirname "$bin")")/$(basename "$bin"): $appends single appends, $ir instructions: $((ir / appends)) per append"
+what="single appends"
+[ "$streaming" = 1 ] && what="streamed lines"
+echo "$(basename "$(dirname "$bin")")/$(basename "$bin"): $appends $what, $ir instructions: $((ir / appends)) per append"

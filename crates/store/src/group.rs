@@ -104,13 +104,14 @@ impl GroupCommit {
             return Err(Error::reject(ErrorCode::BatchEmpty, "the batch holds no events"));
         }
         let lane = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            match spread {
-                Spread::ByTenant => tenant.hash(&mut h),
-                Spread::ByRun => (tenant, &run_id).hash(&mut h),
-            }
-            (h.finish() % self.lanes.len() as u64) as usize
+            use std::hash::BuildHasher;
+            // A fixed seed: a key keeps its lane for the life of the process.
+            let h = foldhash::fast::FixedState::with_seed(0);
+            let hash = match spread {
+                Spread::ByTenant => h.hash_one(tenant),
+                Spread::ByRun => h.hash_one((tenant, &run_id)),
+            };
+            (hash % self.lanes.len() as u64) as usize
         };
         let (reply, answer) = oneshot::channel();
         let job = Job {

@@ -57,12 +57,27 @@ pub fn run_not_found(run_id: &str) -> Error {
 
 /// Checks that a path or body id is a ULID before any query runs.
 pub fn parse_run_id(s: &str) -> Result<String> {
+    // Every append parses its run's id, mostly in the form this service wrote it: that
+    // form is its own canonical form, so it is checked and copied instead of decoded and
+    // encoded again (~600 instructions an append; docs/benchmarks-log.md, 2026-12-01 21:00).
+    if is_canonical_ulid(s) {
+        return Ok(s.to_owned());
+    }
     Ulid::from_string(s).map(|u| u.to_string()).map_err(|_| {
         Error::reject(
             ErrorCode::InvalidParameter,
             format!("`{}` is not a run id (a 26-character ULID)", truncate(s)),
         )
     })
+}
+
+/// True when `s` is a ULID exactly as [`Ulid::to_string`] writes one: 26 characters of
+/// Crockford's upper-case alphabet, the first at most `7` (128 bits).
+fn is_canonical_ulid(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 26
+        && (b'0'..=b'7').contains(&b[0])
+        && b.iter().all(|c| matches!(c, b'0'..=b'9' | b'A'..=b'Z') && !matches!(c, b'I' | b'L' | b'O' | b'U'))
 }
 
 fn truncate(s: &str) -> String {
@@ -264,4 +279,51 @@ fn next_run_id() -> Ulid {
     let mut generator = GENERATOR.lock().unwrap_or_else(|p| p.into_inner());
     // Overflow needs 2^80 ids in one millisecond; a fresh id is then as good as any.
     generator.generate().unwrap_or_else(|_| Ulid::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What parsing did before the canonical form was taken as written.
+    fn decoded_and_written(s: &str) -> Option<String> {
+        Ulid::from_string(s).ok().map(|u| u.to_string())
+    }
+
+    #[test]
+    fn a_run_id_parses_as_decoding_and_writing_it_would() {
+        let mut inputs = vec![];
+        for _ in 0..2_000 {
+            let written = Ulid::new().to_string();
+            assert!(is_canonical_ulid(&written), "{written} is how ulid writes it");
+            inputs.push(written.to_ascii_lowercase());
+            inputs.push(written);
+        }
+        inputs.extend(
+            [
+                "7ZZZZZZZZZZZZZZZZZZZZZZZZZ",
+                "8ZZZZZZZZZZZZZZZZZZZZZZZZZ",
+                "00000000000000000000000000",
+                "01ARZ3NDEKTSV4RRFFQ69G5FA",
+                "01ARZ3NDEKTSV4RRFFQ69G5FAVX",
+                "01ARZ3NDEKTSV4RRFFQ69G5FA!",
+                "01ARZ3NDEKTSV4RRFFQ69G5FAI",
+                "01ARZ3NDEKTSV4RRFFQ69G5FAL",
+                "01ARZ3NDEKTSV4RRFFQ69G5FAO",
+                "01ARZ3NDEKTSV4RRFFQ69G5FAU",
+                "",
+            ]
+            .map(str::to_owned),
+        );
+        for s in &inputs {
+            assert_eq!(parse_run_id(s).ok(), decoded_and_written(s), "{s:?}");
+        }
+        assert!(parse_run_id("01ARZ3NDEKTSV4RRFFQ69G5FA").is_err(), "25 characters are refused");
+        for c in ['I', 'L', 'O', 'U'] {
+            assert!(
+                !is_canonical_ulid(&format!("01ARZ3NDEKTSV4RRFFQ69G5FA{c}")),
+                "{c} is not written by ulid"
+            );
+        }
+    }
 }

@@ -59,6 +59,14 @@ port, key, total, clients = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), 8
 sse = sys.argv[4] == "1"
 stream_mode = sys.argv[5] == "1"
 headers = {"authorization": "Bearer " + key, "content-type": "application/json"}
+def wait_for_frame(stream, seq):
+    # Read frames until the one of the event at `seq` (its seq is its id).
+    while True:
+        line = stream.readline()
+        if not line:
+            sys.exit("the stream ended")
+        if line.startswith(b"id: ") and int(line[4:]) >= seq:
+            return
 def produce(i, done):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     c.request("POST", "/v1/runs", body=b"", headers=headers)
@@ -70,8 +78,8 @@ def produce(i, done):
         assert stream.status == 200, stream.status
     if stream_mode:
         # One streaming append per client (chunked NDJSON), a line at a time: each
-        # line waits for its acknowledgement (and its frame) before the next, so every
-        # group is one event, as in many-runs.
+        # line waits for its acknowledgement (and its frame) before the next, so a
+        # group holds at most one line per client, as in many-runs' small groups.
         p = socket.create_connection(("127.0.0.1", port), timeout=600)
         p.sendall((f"POST /v1/runs/{run}/events/stream HTTP/1.1\r\nhost: x\r\n"
                    f"authorization: Bearer {key}\r\ncontent-type: application/x-ndjson\r\n"
@@ -90,13 +98,7 @@ def produce(i, done):
             if "last_seq" not in answer:
                 sys.exit(f"the streaming append answered {got!r}")
             if sse:
-                seq = answer["last_seq"]
-                while True:
-                    line = stream.readline()
-                    if not line:
-                        sys.exit("the stream ended")
-                    if line.startswith(b"id: ") and int(line[4:]) >= seq:
-                        break
+                wait_for_frame(stream, answer["last_seq"])
             done[i] += 1
         p.sendall(b"0\r\n\r\n")
         return
@@ -109,14 +111,7 @@ def produce(i, done):
         if r.status != 201:
             continue
         if sse:
-            # Read frames until the one of this append's event (its seq is its id).
-            seq = json.loads(answer)["last_seq"]
-            while True:
-                line = stream.readline()
-                if not line:
-                    sys.exit("the stream ended")
-                if line.startswith(b"id: ") and int(line[4:]) >= seq:
-                    break
+            wait_for_frame(stream, json.loads(answer)["last_seq"])
         done[i] += 1
 done = [0] * clients
 threads = [threading.Thread(target=produce, args=(i, done)) for i in range(clients)]

@@ -22,8 +22,9 @@
 # client waits for its event to arrive there before the next append: the count per
 # append then holds one delivery, each page one event, as closed-loop as the appends.
 # CALLGRIND_STREAM=1 appends through one streaming append per client instead, a line
-# at a time, each waiting for its acknowledgement: every group one event, as in
-# many-runs (with CALLGRIND_SSE=1, many-runs' per-event work in user space).
+# at a time, each waiting for its acknowledgement: a group holds at most one line per
+# client (~3 in all), as many-runs' groups are small (with CALLGRIND_SSE=1, many-runs'
+# per-event work in user space).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$(realpath "${1:-$here/target/release/agent-stream}")

@@ -106,28 +106,40 @@ async fn raw_groups(url: &str, schema: &str, rows: usize) -> (f64, support::Core
         .await
         .expect("prepare");
     let runs: Vec<String> = (0..rows).map(|_| ulid::Ulid::new().to_string()).collect();
-    let meter = support::CpuMeter::start(None);
-    let deadline = Instant::now() + Duration::from_secs(SECS);
-    let mut written = 0u64;
-    let mut seq = 0i64;
-    while Instant::now() < deadline {
-        seq += 1;
+    let (c, stmt, runs) = (&c, &stmt, &runs);
+    timed_groups(rows, |seq| async move {
         let seqs = vec![seq; rows];
         let ids: Vec<String> = (0..rows).map(|_| ulid::Ulid::new().to_string()).collect();
         let ts = vec![chrono::Utc::now(); rows];
         let types = vec!["text.delta"; rows];
         let payloads: Vec<String> = (0..rows).map(|_| delta(seq as u64)["payload"].to_string()).collect();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-            [&runs, &seqs, &ids, &ts, &types, &payloads];
+            [runs, &seqs, &ids, &ts, &types, &payloads];
         let (begun, inserted, committed) =
-            futures::join!(c.batch_execute("BEGIN"), c.execute(&stmt, &params), c.batch_execute("COMMIT"));
+            futures::join!(c.batch_execute("BEGIN"), c.execute(stmt, &params), c.batch_execute("COMMIT"));
         begun.expect("begin");
         inserted.expect("insert");
         committed.expect("commit");
-        written += rows as u64;
+    })
+    .await
+}
+
+/// Runs `transaction` (one commit of `rows` rows, given the seq its rows take) one after
+/// another for [`SECS`]: rows per second, and the cores meanwhile.
+async fn timed_groups<F, Fut>(rows: usize, mut transaction: F) -> (f64, support::Cores)
+where
+    F: FnMut(i64) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let meter = support::CpuMeter::start(None);
+    let deadline = Instant::now() + Duration::from_secs(SECS);
+    let mut seq = 0i64;
+    while Instant::now() < deadline {
+        seq += 1;
+        transaction(seq).await;
     }
     let cores = meter.cores();
-    (written as f64 / SECS as f64, cores)
+    (seq as f64 * rows as f64 / SECS as f64, cores)
 }
 
 /// The same transactions as [`raw_groups`], in the service's own form: a connection of
@@ -148,38 +160,24 @@ async fn service_shaped_groups(url: &str, schema: &str, rows: usize) -> (f64, su
     let c = pool.pool.get().await.expect("a service connection");
     let tenant = ulid::Ulid::new().to_string();
     let scope = db::scope_sql(&tenant).expect("scope");
-    let insert = Rows::claiming_statement(&c).await.expect("prepare");
     let runs: Vec<String> = (0..rows).map(|_| ulid::Ulid::new().to_string()).collect();
     let keys = writer_keys(&runs);
-    let meter = support::CpuMeter::start(None);
-    let deadline = Instant::now() + Duration::from_secs(SECS);
-    let mut written = 0u64;
-    let mut seq = 0i64;
-    while Instant::now() < deadline {
-        seq += 1;
-        let mut batch = Rows::with_capacity(&tenant, rows);
+    let (c, tenant, scope, runs, keys) = (&c, &tenant, &scope, &runs, &keys);
+    timed_groups(rows, |seq| async move {
+        let mut batch = Rows::with_capacity(tenant, rows);
         let event =
             parse_event(delta(seq as u64).to_string().as_bytes(), Limits::default()).expect("a delta");
-        for run in &runs {
+        for run in runs {
             batch.push(run, seq, ulid::Ulid::new(), chrono::Utc::now(), &event, Some(run.clone()), None);
         }
-        let mut params = Vec::with_capacity(11);
-        params.extend(batch.params());
-        params.push(&keys as &(dyn tokio_postgres::types::ToSql + Sync));
-        let (begun, scoped, inserted, committed) = futures::join!(
-            c.batch_execute("BEGIN"),
-            c.batch_execute(&scope),
-            c.execute(&insert, &params),
-            c.batch_execute("COMMIT")
-        );
+        let (begun, scoped, inserted, committed) =
+            batch.commit_claimed(c, scope, keys).await.expect("prepare");
         begun.expect("begin");
         scoped.expect("scope");
         inserted.expect("insert");
         committed.expect("commit");
-        written += rows as u64;
-    }
-    let cores = meter.cores();
-    (written as f64 / SECS as f64, cores)
+    })
+    .await
 }
 
 /// What one service run did.

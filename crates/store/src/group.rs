@@ -484,17 +484,8 @@ async fn run_fast(
         return Ok(None);
     }
     let scope = super::db::scope_sql(tenant)?;
-    let insert = Rows::claiming_statement(c).await?;
     let keys = super::rows::writer_keys(state.keys());
-    let mut params = Vec::with_capacity(11);
-    params.extend(rows.params());
-    params.push(&keys as &(dyn tokio_postgres::types::ToSql + Sync));
-    let (begun, scoped, inserted, committed) = futures::join!(
-        c.batch_execute("BEGIN"),
-        c.batch_execute(&scope),
-        c.execute(&insert, &params),
-        c.batch_execute("COMMIT")
-    );
+    let (begun, scoped, inserted, committed) = rows.commit_claimed(c, &scope, &keys).await?;
     match committed {
         // No answer to the COMMIT: the group may be stored; its last row tells.
         Err(error) if error.code().is_none() => {

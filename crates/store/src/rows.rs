@@ -62,6 +62,14 @@ macro_rules! insert_rows {
     };
 }
 
+/// The answers of [`Rows::commit_claimed`]'s BEGIN, tenant setting, INSERT and COMMIT.
+pub type OneRoundTrip = (
+    std::result::Result<(), tokio_postgres::Error>,
+    std::result::Result<(), tokio_postgres::Error>,
+    std::result::Result<u64, tokio_postgres::Error>,
+    std::result::Result<(), tokio_postgres::Error>,
+);
+
 /// Rows of `agent_run_events` for one tenant, column by column (what `unnest` takes).
 pub struct Rows {
     tenant: String,
@@ -181,6 +189,29 @@ impl Rows {
              RETURNING 1"
         ))
         .await?)
+    }
+
+    /// The rows in a transaction of their own, in one round trip: BEGIN, `scope` (the
+    /// tenant setting, [`crate::db::scope_sql`]), the [`Rows::claiming_statement`] with
+    /// the runs' writer `keys` ([`writer_keys`]) and COMMIT, sent together. Each
+    /// statement's own answer, for the caller to settle: after a failed statement the
+    /// COMMIT is a rollback, and an unanswered COMMIT leaves the group in doubt.
+    pub async fn commit_claimed(
+        &self,
+        c: &deadpool_postgres::Client,
+        scope: &str,
+        keys: &[i64],
+    ) -> Result<OneRoundTrip> {
+        let insert = Self::claiming_statement(c).await?;
+        let mut params = Vec::with_capacity(11);
+        params.extend(self.params());
+        params.push(&keys as &(dyn ToSql + Sync));
+        Ok(futures::join!(
+            c.batch_execute("BEGIN"),
+            c.batch_execute(scope),
+            c.execute(&insert, &params),
+            c.batch_execute("COMMIT")
+        ))
     }
 
     /// The statement's parameters.

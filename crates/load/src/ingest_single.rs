@@ -159,10 +159,9 @@ async fn service_shaped_groups(url: &str, schema: &str, rows: usize) -> (f64, su
     .expect("pool");
     let c = pool.pool.get().await.expect("a service connection");
     let tenant = ulid::Ulid::new().to_string();
-    let scope = db::scope_sql(&tenant).expect("scope");
     let runs: Vec<String> = (0..rows).map(|_| ulid::Ulid::new().to_string()).collect();
     let keys = writer_keys(&runs);
-    let (c, tenant, scope, runs, keys) = (&c, &tenant, &scope, &runs, &keys);
+    let (c, tenant, runs, keys) = (&c, &tenant, &runs, &keys);
     timed_groups(rows, |seq| async move {
         let mut batch = Rows::with_capacity(tenant, rows);
         let event =
@@ -170,8 +169,7 @@ async fn service_shaped_groups(url: &str, schema: &str, rows: usize) -> (f64, su
         for run in runs {
             batch.push(run, seq, ulid::Ulid::new(), chrono::Utc::now(), &event, Some(run.clone()), None);
         }
-        let (begun, scoped, inserted, committed) =
-            batch.commit_claimed(c, scope, keys).await.expect("prepare");
+        let (begun, scoped, inserted, committed) = batch.commit_claimed(c, keys).await.expect("prepare");
         begun.expect("begin");
         scoped.expect("scope");
         inserted.expect("insert");

@@ -483,9 +483,8 @@ async fn run_fast(
     {
         return Ok(None);
     }
-    let scope = super::db::scope_sql(tenant)?;
     let keys = super::rows::writer_keys(state.keys());
-    let (begun, scoped, inserted, committed) = rows.commit_claimed(c, &scope, &keys).await?;
+    let (begun, scoped, inserted, committed) = rows.commit_claimed(c, &keys).await?;
     match committed {
         // No answer to the COMMIT: the group may be stored; its last row tells.
         Err(error) if error.code().is_none() => {

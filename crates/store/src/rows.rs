@@ -191,24 +191,20 @@ impl Rows {
         .await?)
     }
 
-    /// The rows in a transaction of their own, in one round trip: BEGIN, `scope` (the
-    /// tenant setting, [`crate::db::scope_sql`]), the [`Rows::claiming_statement`] with
-    /// the runs' writer `keys` ([`writer_keys`]) and COMMIT, sent together. Each
-    /// statement's own answer, for the caller to settle: after a failed statement the
-    /// COMMIT is a rollback, and an unanswered COMMIT leaves the group in doubt.
-    pub async fn commit_claimed(
-        &self,
-        c: &deadpool_postgres::Client,
-        scope: &str,
-        keys: &[i64],
-    ) -> Result<OneRoundTrip> {
+    /// The rows in a transaction of their own, in one round trip: BEGIN, their tenant's
+    /// setting ([`crate::db::scope_sql`]), the [`Rows::claiming_statement`] with the
+    /// runs' writer `keys` ([`writer_keys`]) and COMMIT, sent together. Each statement's
+    /// own answer, for the caller to settle: after a failed statement the COMMIT is a
+    /// rollback, and an unanswered COMMIT leaves the group in doubt.
+    pub async fn commit_claimed(&self, c: &deadpool_postgres::Client, keys: &[i64]) -> Result<OneRoundTrip> {
+        let scope = crate::db::scope_sql(&self.tenant)?;
         let insert = Self::claiming_statement(c).await?;
         let mut params = Vec::with_capacity(11);
         params.extend(self.params());
         params.push(&keys as &(dyn ToSql + Sync));
         Ok(futures::join!(
             c.batch_execute("BEGIN"),
-            c.batch_execute(scope),
+            c.batch_execute(&scope),
             c.execute(&insert, &params),
             c.batch_execute("COMMIT")
         ))

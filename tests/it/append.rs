@@ -718,6 +718,57 @@ async fn a_tenants_single_appends_to_several_runs_gather_in_one_lane() {
     );
 }
 
+/// Once [`SECOND_GROUP_FROM`] single appends wait behind a group that cannot commit
+/// yet, they go out as a second group instead of waiting for it (fewer wait for it:
+/// [`a_tenants_single_appends_to_several_runs_gather_in_one_lane`]), and the held group
+/// still commits once it can.
+///
+/// [`SECOND_GROUP_FROM`]: agent_stream::storage::group::SECOND_GROUP_FROM
+#[tokio::test]
+async fn enough_single_appends_waiting_behind_a_held_group_commit_in_a_second_one() {
+    use agent_stream::storage::group::SECOND_GROUP_FROM;
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::time::Duration;
+    let t = std::sync::Arc::new(TestApp::new().await);
+    let held = t.create_run(&t.key_a).await;
+    let mut others = vec![];
+    for _ in 0..SECOND_GROUP_FROM {
+        others.push(t.create_run(&t.key_a).await);
+    }
+    let mut hold = t.db.owner().await;
+    let tx = hold.transaction().await.expect("begin");
+    hold_as_a_locked_writer(&tx, &t.tenant_a, &held).await;
+    let append = |run: String| {
+        let t = t.clone();
+        tokio::spawn(async move {
+            t.append_ok(&t.key_a, &run, json!([{"type": "custom.tick", "payload": {}}])).await
+        })
+    };
+    let groups_before = t.app.metrics.commit_groups.load(Relaxed);
+    let first = append(held.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let queued: Vec<_> = others.iter().map(|r| append(r.clone())).collect();
+    for task in queued {
+        let (seq, _) = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the appends behind the held group commit while it waits")
+            .expect("task");
+        assert_eq!(seq, 1);
+    }
+    assert!(!first.is_finished(), "the held run's append waits for its writer");
+    assert_eq!(
+        t.app.metrics.commit_groups.load(Relaxed) - groups_before,
+        1,
+        "the waiting appends in one group"
+    );
+    tx.rollback().await.expect("free the run");
+    let (seq, _) = tokio::time::timeout(Duration::from_secs(10), first).await.expect("append").expect("task");
+    assert_eq!(seq, 1);
+    for run in std::iter::once(&held).chain(&others) {
+        assert_eq!(t.stored_count(&t.tenant_a, run).await, 1, "run {run}: its one event, once");
+    }
+}
+
 /// Holds `run` as another process's locked writer does: its row lock, then its writer
 /// key. Appends here wait for it on either path (the one-round-trip path's claim on the
 /// key fails, and the locked path waits for the row).

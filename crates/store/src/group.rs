@@ -3,9 +3,10 @@
 //!
 //! Appends go to one of a few lanes, a tenant's single appends by tenant and a streaming
 //! append's groups by run ([`Spread`]), so a run's appends of one kind stay in order in
-//! one lane. A lane takes whatever is queued (up to [`MAX_GROUP`]) and commits it in
-//! one transaction per tenant (the transaction is scoped to the tenant for row-level
-//! security), up to [`TENANTS_AT_ONCE`] of them side by side. Each append keeps its own
+//! one lane. A lane takes whatever is queued (up to [`MAX_GROUP`]), with a second group
+//! going out while the first commits once enough single appends wait
+//! ([`SECOND_GROUP_FROM`]), and commits it in one transaction per tenant (the
+//! transaction is scoped to the tenant for row-level security), up to [`TENANTS_AT_ONCE`] of them side by side. Each append keeps its own
 //! guarantees:
 //! - it is validated on its own against its run's guard, as in [`super::append`](fn@super::append); a
 //!   refused append gets its error and writes nothing, the others go on;
@@ -43,6 +44,16 @@ pub const MAX_GROUP: usize = 256;
 /// Most tenants' transactions one lane has open at once.
 pub const TENANTS_AT_ONCE: usize = 8;
 
+/// Most groups a lane has committing at once.
+pub const GROUPS_IN_FLIGHT: usize = 2;
+
+/// Appends waiting behind a committing group that go out as a second group rather than
+/// wait for it. 64 producers of single appends: 1.69-1.86x raw autocommit INSERT from
+/// 16, against 1.52-1.53x with one group at a time; from 24, 1.67x; three groups from
+/// 10 or 16, or four from 12, made groups too small (15-17) and the machine's CPU, not
+/// the commit, the bound (docs/benchmarks-log.md, 2026-12-02 04:21).
+pub const SECOND_GROUP_FROM: usize = 16;
+
 /// Appends of this many events or more commit on their own, outside the lanes.
 pub const OWN_COMMIT_FROM: usize = 100;
 
@@ -69,6 +80,9 @@ struct Job {
     reply: oneshot::Sender<Result<AppendOutcome>>,
     /// The append's span: the group's `commit` span is its child (or follows from it).
     span: tracing::Span,
+    /// How it picked its lane, which says what waiting costs it: a single append's
+    /// producer waits idle for its answer, a stream reads on and sends more next group.
+    spread: Spread,
 }
 
 /// The lanes of a process.
@@ -120,6 +134,7 @@ impl GroupCommit {
             batch: batch.clone(),
             reply,
             span: tracing::Span::current(),
+            spread,
         };
         let mut answer = Awaited { answer, guards: &self.guards, tenant, run_id: &run_id };
         self.lanes[lane]
@@ -206,38 +221,127 @@ fn answer(
     }
 }
 
+/// A lane's event loop. It keeps the database busy rather than waiting on it:
+/// - the single appends that came in while a group committed go out the moment it
+///   ends, and its answers are sent after them (sending 34 answers and letting their
+///   requests come back took ~300 µs of each ~1.4 ms cycle in which the connection sat
+///   idle); streams' groups wait for the answers as before, so that the streams
+///   answered join them;
+/// - once [`SECOND_GROUP_FROM`] single appends wait behind a group still committing,
+///   they go out as a second group on another connection, so the next group's rows
+///   are inserted while the first one's COMMIT flushes and its answers travel.
+///
+/// Runs that two groups in flight share stay in order: each group locks its runs' guard
+/// slots (in run order) before it builds, so the later one waits for the earlier one's
+/// commit and builds on its head.
 async fn lane(db: Db, guards: Arc<Guards>, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Job>) {
-    while let Some(first) = rx.recv().await {
-        // Let the tasks that are ready run once before gathering: appends already on
-        // their way (a request parsed, a stream's line read) then join this group
-        // instead of waiting for the next commit. Groups grew by a third (26 -> 34
-        // single appends per commit) and many-runs' receipt p99 fell from 122-187 ms
-        // to 78-163 (docs/benchmarks-log.md, 2026-11-29 17:29); yielding up to four
-        // times while the queue grew did no better.
-        tokio::task::yield_now().await;
-        let mut jobs = vec![first];
-        while jobs.len() < MAX_GROUP {
+    use futures::StreamExt;
+    // The answers of the groups last committed, sent once the next group is on its way.
+    let mut done: Vec<Answered> = vec![];
+    let mut queued: Vec<Job> = vec![];
+    let mut inflight = futures::stream::FuturesUnordered::new();
+    let mut open = true;
+    loop {
+        while open && queued.len() < MAX_GROUP {
             match rx.try_recv() {
-                Ok(j) => jobs.push(j),
-                Err(_) => break,
+                Ok(j) => queued.push(j),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => open = false,
             }
         }
-        // One transaction per tenant, appends in arrival order.
-        let mut by_tenant: Vec<(String, Vec<Job>)> = vec![];
-        for j in jobs {
-            match by_tenant.iter_mut().find(|(t, _)| *t == j.tenant) {
-                Some((_, v)) => v.push(j),
-                None => by_tenant.push((j.tenant.clone(), vec![j])),
-            }
+        if !done.is_empty() && !queued.is_empty() && waiting_producers(&queued) == 0 {
+            // Only streams wait: the streams just answered send their next lines at
+            // once, and yielding lets them join this group (streams gain nothing from
+            // the group going out before the answers).
+            deliver(&guards, std::mem::take(&mut done));
+            tokio::task::yield_now().await;
+            continue;
         }
-        // Tenants' groups are separate transactions on separate connections: up to
-        // TENANTS_AT_ONCE go out together, so one lane serves many tenants without
-        // their commits queueing behind each other, and its next group waits for the
-        // slowest. The bound keeps a lane from taking the whole pool.
-        let groups =
-            by_tenant.into_iter().map(|(tenant, jobs)| commit_group(&db, &guards, &metrics, tenant, jobs));
-        use futures::StreamExt;
-        futures::stream::iter(groups).buffer_unordered(TENANTS_AT_ONCE).collect::<()>().await;
+        let start = !queued.is_empty()
+            && (inflight.is_empty()
+                || (inflight.len() < GROUPS_IN_FLIGHT && waiting_producers(&queued) >= SECOND_GROUP_FROM));
+        if start {
+            let mut work = Box::pin(commit_jobs(&db, &guards, &metrics, std::mem::take(&mut queued)));
+            // One poll sends the group's statements; the last group's answers go after.
+            match futures::poll!(work.as_mut()) {
+                std::task::Poll::Ready(d) => done.extend(d),
+                std::task::Poll::Pending => inflight.push(work),
+            }
+            deliver(&guards, std::mem::take(&mut done));
+            continue;
+        }
+        deliver(&guards, std::mem::take(&mut done));
+        if inflight.is_empty() {
+            let Some(first) = rx.recv().await else { return };
+            queued.push(first);
+            // An idle lane lets the tasks that are ready run once before it gathers:
+            // appends already on their way (a request parsed, a stream's line read) then
+            // join this group instead of waiting for the next commit. Groups grew by a
+            // third (26 -> 34 single appends per commit) and many-runs' receipt p99 fell
+            // from 122-187 ms to 78-163 (docs/benchmarks-log.md, 2026-11-29 17:29).
+            tokio::task::yield_now().await;
+            continue;
+        }
+        tokio::select! {
+            Some(d) = inflight.next() => done.extend(d),
+            j = rx.recv(), if open && queued.len() < MAX_GROUP => match j {
+                Some(j) => queued.push(j),
+                None => open = false,
+            },
+        }
+    }
+}
+
+/// Commits `jobs`, one transaction per tenant, and gives their answers.
+async fn commit_jobs(db: &Db, guards: &Guards, metrics: &Metrics, jobs: Vec<Job>) -> Vec<Answered> {
+    // One transaction per tenant, appends in arrival order.
+    let mut by_tenant: Vec<(String, Vec<Job>)> = vec![];
+    for j in jobs {
+        match by_tenant.iter_mut().find(|(t, _)| *t == j.tenant) {
+            Some((_, v)) => v.push(j),
+            None => by_tenant.push((j.tenant.clone(), vec![j])),
+        }
+    }
+    // Tenants' groups are separate transactions on separate connections: up to
+    // TENANTS_AT_ONCE go out together, so one lane serves many tenants without
+    // their commits queueing behind each other. The bound keeps a lane from taking the
+    // whole pool.
+    let n = by_tenant.len();
+    let groups = by_tenant.into_iter().map(|(tenant, jobs)| commit_group(db, guards, metrics, tenant, jobs));
+    use futures::StreamExt;
+    let mut groups = std::pin::pin!(futures::stream::iter(groups).buffer_unordered(TENANTS_AT_ONCE));
+    // A tenant's answers go out as its transaction ends, so that a tenant waiting on a
+    // lock holds up no other's answers; only the last, which ends the batch, is left
+    // for the lane to send after its next group.
+    let mut ended = 0;
+    while let Some(answered) = groups.next().await {
+        ended += 1;
+        if ended == n {
+            return vec![answered];
+        }
+        deliver(guards, vec![answered]);
+    }
+    vec![]
+}
+
+/// The single appends among `queued`: only they count towards a second group. A
+/// stream's lines gather while it waits and go in its next group, so a stream loses
+/// nothing by waiting, and splitting its groups cost `many-runs` (1,000 streams) more
+/// transactions and receipt p99 77-123 ms against 34-69 (docs/benchmarks-log.md,
+/// 2026-12-02 04:21).
+fn waiting_producers(queued: &[Job]) -> usize {
+    queued.iter().filter(|j| j.spread == Spread::ByTenant).count()
+}
+
+/// A tenant's group's answers, to be sent.
+type Answered = (String, Answers);
+
+/// Sends each group's answers.
+fn deliver(guards: &Guards, groups: Vec<Answered>) {
+    for (tenant, answers) in groups {
+        for (reply, run_id, out) in answers {
+            answer(guards, &tenant, &run_id, reply, out);
+        }
     }
 }
 
@@ -249,8 +353,14 @@ struct Locked {
     before: Option<RunState>,
 }
 
-async fn commit_group(db: &Db, guards: &Guards, metrics: &Metrics, tenant: String, jobs: Vec<Job>) {
-    let tenant = tenant.as_str();
+async fn commit_group(
+    db: &Db,
+    guards: &Guards,
+    metrics: &Metrics,
+    owned: String,
+    jobs: Vec<Job>,
+) -> Answered {
+    let tenant = owned.as_str();
     let mut runs: Vec<String> = jobs.iter().map(|j| j.run_id.clone()).collect();
     runs.sort();
     runs.dedup();
@@ -278,9 +388,7 @@ async fn commit_group(db: &Db, guards: &Guards, metrics: &Metrics, tenant: Strin
                     answers.iter().filter(|(_, _, a)| a.as_ref().is_ok_and(|o| !o.replayed)).count();
                 metrics.committed_group(written as u64);
             }
-            for (reply, run_id, out) in answers {
-                answer(guards, tenant, &run_id, reply, out);
-            }
+            (owned, answers)
         }
         Err((e, jobs)) => {
             if e.is_seq_taken() {
@@ -297,6 +405,7 @@ async fn commit_group(db: &Db, guards: &Guards, metrics: &Metrics, tenant: Strin
                 }
                 answer(guards, &j.tenant, &j.run_id, j.reply, out);
             }
+            (owned, vec![])
         }
     }
 }
@@ -484,7 +593,7 @@ async fn run_fast(
         return Ok(None);
     }
     let keys = super::rows::writer_keys(state.keys());
-    let (begun, scoped, inserted, committed) = rows.commit_claimed(c, &keys).await?;
+    let (begun, inserted, committed) = rows.commit_claimed(c, &keys).await?;
     match committed {
         // No answer to the COMMIT: the group may be stored; its last row tells.
         Err(error) if error.code().is_none() => {
@@ -494,11 +603,11 @@ async fn run_fast(
         Err(e) => return Err(e.into()),
         Ok(()) => {}
     }
-    // COMMIT was answered, so the connection held: BEGIN cannot have failed (had it, the
-    // statements after it would have run on their own; it is checked all the same).
-    begun?;
-    // COMMIT answered: after any failed statement it was a rollback.
-    if let Some(e) = [scoped.err(), inserted.err()].into_iter().flatten().next() {
+    // COMMIT answered: after any failed statement it was a rollback. A failed tenant
+    // setting leaves the block BEGIN opened aborted, so the INSERT fails too; an INSERT
+    // run outside a block (BEGIN itself failed) has no tenant setting, and row-level
+    // security refuses its rows.
+    if let Some(e) = [begun.err(), inserted.err()].into_iter().flatten().next() {
         tracing::debug!(error = %e, "one-round-trip group rolled back; building it again under row locks");
         return Ok(None);
     }

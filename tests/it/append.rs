@@ -686,23 +686,12 @@ async fn a_tenants_single_appends_to_several_runs_gather_in_one_lane() {
     let lanes = agent_stream::app::Settings { group_commit_lanes: 8, ..Default::default() };
     let t = std::sync::Arc::new(TestApp::with_settings(lanes).await);
     let held = t.create_run(&t.key_a).await;
-    let mut others = vec![];
-    for _ in 0..4 {
-        others.push(t.create_run(&t.key_a).await);
-    }
+    let others = runs_of_a(&t, 4).await;
     let mut hold = t.db.owner().await;
     let tx = hold.transaction().await.expect("begin");
     hold_as_a_locked_writer(&tx, &t.tenant_a, &held).await;
-    let append = |run: String| {
-        let t = t.clone();
-        tokio::spawn(async move {
-            t.append_ok(&t.key_a, &run, json!([{"type": "custom.tick", "payload": {}}])).await
-        })
-    };
     let groups_before = t.app.metrics.commit_groups.load(Relaxed);
-    let first = append(held.clone());
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let queued: Vec<_> = others.iter().map(|r| append(r.clone())).collect();
+    let (first, queued) = append_behind_a_held_run(&t, &held, &others).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(queued.iter().all(|q| !q.is_finished()), "the tenant's appends wait in the held run's lane");
     tx.rollback().await.expect("free the run");
@@ -731,23 +720,12 @@ async fn enough_single_appends_waiting_behind_a_held_group_commit_in_a_second_on
     use std::time::Duration;
     let t = std::sync::Arc::new(TestApp::new().await);
     let held = t.create_run(&t.key_a).await;
-    let mut others = vec![];
-    for _ in 0..SECOND_GROUP_FROM {
-        others.push(t.create_run(&t.key_a).await);
-    }
+    let others = runs_of_a(&t, SECOND_GROUP_FROM).await;
     let mut hold = t.db.owner().await;
     let tx = hold.transaction().await.expect("begin");
     hold_as_a_locked_writer(&tx, &t.tenant_a, &held).await;
-    let append = |run: String| {
-        let t = t.clone();
-        tokio::spawn(async move {
-            t.append_ok(&t.key_a, &run, json!([{"type": "custom.tick", "payload": {}}])).await
-        })
-    };
     let groups_before = t.app.metrics.commit_groups.load(Relaxed);
-    let first = append(held.clone());
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let queued: Vec<_> = others.iter().map(|r| append(r.clone())).collect();
+    let (first, queued) = append_behind_a_held_run(&t, &held, &others).await;
     for task in queued {
         let (seq, _) = tokio::time::timeout(Duration::from_secs(10), task)
             .await
@@ -767,6 +745,34 @@ async fn enough_single_appends_waiting_behind_a_held_group_commit_in_a_second_on
     for run in std::iter::once(&held).chain(&others) {
         assert_eq!(t.stored_count(&t.tenant_a, run).await, 1, "run {run}: its one event, once");
     }
+}
+
+/// `n` new runs of tenant a.
+async fn runs_of_a(t: &TestApp, n: usize) -> Vec<String> {
+    let mut runs = vec![];
+    for _ in 0..n {
+        runs.push(t.create_run(&t.key_a).await);
+    }
+    runs
+}
+
+/// Appends a tick to `held` (whose writer the caller holds) and, once that append's
+/// group waits on it, one to each of `others`, all as tenant a: the tasks, each giving
+/// its append's seqs.
+async fn append_behind_a_held_run(
+    t: &std::sync::Arc<TestApp>,
+    held: &str,
+    others: &[String],
+) -> (tokio::task::JoinHandle<(i64, i64)>, Vec<tokio::task::JoinHandle<(i64, i64)>>) {
+    let append = |run: String| {
+        let t = t.clone();
+        tokio::spawn(async move {
+            t.append_ok(&t.key_a, &run, json!([{"type": "custom.tick", "payload": {}}])).await
+        })
+    };
+    let first = append(held.to_owned());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    (first, others.iter().map(|r| append(r.clone())).collect())
 }
 
 /// Holds `run` as another process's locked writer does: its row lock, then its writer

@@ -169,8 +169,9 @@ async fn service_shaped_groups(url: &str, schema: &str, rows: usize) -> (f64, su
         for run in runs {
             batch.push(run, seq, ulid::Ulid::new(), chrono::Utc::now(), &event, Some(run.clone()), None);
         }
-        let (begun, inserted, committed) = batch.commit_claimed(c, keys).await.expect("prepare");
+        let (begun, scoped, inserted, committed) = batch.commit_claimed(c, keys).await.expect("prepare");
         begun.expect("begin");
+        scoped.expect("scope");
         inserted.expect("insert");
         committed.expect("commit");
     })

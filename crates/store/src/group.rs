@@ -593,7 +593,7 @@ async fn run_fast(
         return Ok(None);
     }
     let keys = super::rows::writer_keys(state.keys());
-    let (begun, inserted, committed) = rows.commit_claimed(c, &keys).await?;
+    let (begun, scoped, inserted, committed) = rows.commit_claimed(c, &keys).await?;
     match committed {
         // No answer to the COMMIT: the group may be stored; its last row tells.
         Err(error) if error.code().is_none() => {
@@ -603,11 +603,11 @@ async fn run_fast(
         Err(e) => return Err(e.into()),
         Ok(()) => {}
     }
-    // COMMIT answered: after any failed statement it was a rollback. A failed tenant
-    // setting leaves the block BEGIN opened aborted, so the INSERT fails too; an INSERT
-    // run outside a block (BEGIN itself failed) has no tenant setting, and row-level
-    // security refuses its rows.
-    if let Some(e) = [begun.err(), inserted.err()].into_iter().flatten().next() {
+    // COMMIT was answered, so the connection held: BEGIN cannot have failed (had it, the
+    // statements after it would have run on their own; it is checked all the same).
+    begun?;
+    // COMMIT answered: after any failed statement it was a rollback.
+    if let Some(e) = [scoped.err(), inserted.err()].into_iter().flatten().next() {
         tracing::debug!(error = %e, "one-round-trip group rolled back; building it again under row locks");
         return Ok(None);
     }

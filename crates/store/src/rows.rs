@@ -62,9 +62,9 @@ macro_rules! insert_rows {
     };
 }
 
-/// The answers of [`Rows::commit_claimed`]'s BEGIN with the tenant setting, INSERT and
-/// COMMIT.
+/// The answers of [`Rows::commit_claimed`]'s BEGIN, tenant setting, INSERT and COMMIT.
 pub type OneRoundTrip = (
+    std::result::Result<(), tokio_postgres::Error>,
     std::result::Result<(), tokio_postgres::Error>,
     std::result::Result<u64, tokio_postgres::Error>,
     std::result::Result<(), tokio_postgres::Error>,
@@ -191,8 +191,8 @@ impl Rows {
         .await?)
     }
 
-    /// The rows in a transaction of their own, in one round trip: BEGIN with their
-    /// tenant's setting ([`crate::db::scope_sql`]), the [`Rows::claiming_statement`] with the
+    /// The rows in a transaction of their own, in one round trip: BEGIN, their tenant's
+    /// setting ([`crate::db::scope_sql`]), the [`Rows::claiming_statement`] with the
     /// runs' writer `keys` ([`writer_keys`]) and COMMIT, sent together. Each statement's
     /// own answer, for the caller to settle: after a failed statement the COMMIT is a
     /// rollback, and an unanswered COMMIT leaves the group in doubt.
@@ -202,10 +202,14 @@ impl Rows {
         let mut params = Vec::with_capacity(11);
         params.extend(self.params());
         params.push(&keys as &(dyn ToSql + Sync));
-        // BEGIN and the setting in one message: one answer fewer for the backend to send
-        // and the driver to read per group.
-        let begin = format!("BEGIN; {scope}");
-        Ok(futures::join!(c.batch_execute(&begin), c.execute(&insert, &params), c.batch_execute("COMMIT")))
+        // BEGIN and the setting as two messages, as in `db::begin_with` (Citus would
+        // repeat a "BEGIN; SET LOCAL ..." on its workers).
+        Ok(futures::join!(
+            c.batch_execute("BEGIN"),
+            c.batch_execute(&scope),
+            c.execute(&insert, &params),
+            c.batch_execute("COMMIT")
+        ))
     }
 
     /// The statement's parameters.

@@ -6,8 +6,8 @@
 //! one lane. A lane takes whatever is queued (up to [`MAX_GROUP`]), with a second group
 //! going out while the first commits once enough single appends wait
 //! ([`SECOND_GROUP_FROM`]), and commits it in one transaction per tenant (the
-//! transaction is scoped to the tenant for row-level security), up to [`TENANTS_AT_ONCE`] of them side by side. Each append keeps its own
-//! guarantees:
+//! transaction is scoped to the tenant for row-level security), up to
+//! [`TENANTS_AT_ONCE`] of them side by side. Each append keeps its own guarantees:
 //! - it is validated on its own against its run's guard, as in [`super::append`](fn@super::append); a
 //!   refused append gets its error and writes nothing, the others go on;
 //! - an idempotent retry is answered from the stored rows, as alone;
@@ -249,7 +249,8 @@ async fn lane(db: Db, guards: Arc<Guards>, metrics: Arc<Metrics>, mut rx: mpsc::
                 Err(mpsc::error::TryRecvError::Disconnected) => open = false,
             }
         }
-        if !done.is_empty() && !queued.is_empty() && waiting_producers(&queued) == 0 {
+        let singles = waiting_producers(&queued);
+        if !done.is_empty() && !queued.is_empty() && singles == 0 {
             // Only streams wait: the streams just answered send their next lines at
             // once, and yielding lets them join this group (streams gain nothing from
             // the group going out before the answers).
@@ -258,8 +259,7 @@ async fn lane(db: Db, guards: Arc<Guards>, metrics: Arc<Metrics>, mut rx: mpsc::
             continue;
         }
         let start = !queued.is_empty()
-            && (inflight.is_empty()
-                || (inflight.len() < GROUPS_IN_FLIGHT && waiting_producers(&queued) >= SECOND_GROUP_FROM));
+            && (inflight.is_empty() || (inflight.len() < GROUPS_IN_FLIGHT && singles >= SECOND_GROUP_FROM));
         if start {
             let mut work = Box::pin(commit_jobs(&db, &guards, &metrics, std::mem::take(&mut queued)));
             // One poll sends the group's statements; the last group's answers go after.
@@ -319,7 +319,7 @@ async fn commit_jobs(db: &Db, guards: &Guards, metrics: &Metrics, jobs: Vec<Job>
         if ended == n {
             return vec![answered];
         }
-        deliver(guards, vec![answered]);
+        deliver(guards, [answered]);
     }
     vec![]
 }
@@ -337,7 +337,7 @@ fn waiting_producers(queued: &[Job]) -> usize {
 type Answered = (String, Answers);
 
 /// Sends each group's answers.
-fn deliver(guards: &Guards, groups: Vec<Answered>) {
+fn deliver(guards: &Guards, groups: impl IntoIterator<Item = Answered>) {
     for (tenant, answers) in groups {
         for (reply, run_id, out) in answers {
             answer(guards, &tenant, &run_id, reply, out);

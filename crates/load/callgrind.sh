@@ -24,7 +24,10 @@
 # CALLGRIND_STREAM=1 appends through one streaming append per client instead, a line
 # at a time, each waiting for its acknowledgement: a group holds at most one line per
 # client (~3 in all), as many-runs' groups are small (with CALLGRIND_SSE=1, many-runs'
-# per-event work in user space).
+# per-event work in user space). CALLGRIND_SUBSCRIBERS=K (with CALLGRIND_SSE=1) gives each
+# run K subscribers instead of one, each append waiting for its frame on all K: the count
+# with K less the count with 1, over K - 1, is what one more subscriber of a page costs,
+# the per-subscriber share of fan-out that time measurements cannot resolve here.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$(realpath "${1:-$here/target/release/agent-stream}")
@@ -59,8 +62,12 @@ import http.client, json, socket, sys, threading
 port, key, total, clients = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), 8
 sse = sys.argv[4] == "1"
 stream_mode = sys.argv[5] == "1"
+subscribers = int(sys.argv[6])
 headers = {"authorization": "Bearer " + key, "content-type": "application/json"}
-def wait_for_frame(stream, seq):
+def wait_for_frame(streams, seq):
+    for stream in streams:
+        wait_for_frame_on(stream, seq)
+def wait_for_frame_on(stream, seq):
     # Read frames until the one of the event at `seq` (its seq is its id).
     while True:
         line = stream.readline()
@@ -72,11 +79,13 @@ def produce(i, done):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     c.request("POST", "/v1/runs", body=b"", headers=headers)
     run = json.loads(c.getresponse().read())["run_id"]
-    if sse:
+    stream = []
+    for _ in range(subscribers if sse else 0):
         s = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         s.request("GET", f"/v1/runs/{run}/stream?detail=full", headers=headers)
-        stream = s.getresponse()
-        assert stream.status == 200, stream.status
+        r = s.getresponse()
+        assert r.status == 200, r.status
+        stream.append(r)
     if stream_mode:
         # One streaming append per client (chunked NDJSON), a line at a time: each
         # line waits for its acknowledgement (and its frame) before the next, so a
@@ -123,9 +132,10 @@ EOF
 
 sse=${CALLGRIND_SSE:-0}
 streaming=${CALLGRIND_STREAM:-0}
-python3 "$work/drive.py" "$port" "$key" 400 "$sse" "$streaming" >/dev/null
+subscribers=${CALLGRIND_SUBSCRIBERS:-1}
+python3 "$work/drive.py" "$port" "$key" 400 "$sse" "$streaming" "$subscribers" >/dev/null
 callgrind_control -z "$pid" >/dev/null 2>&1
-written=$(python3 "$work/drive.py" "$port" "$key" "$appends" "$sse" "$streaming")
+written=$(python3 "$work/drive.py" "$port" "$key" "$appends" "$sse" "$streaming" "$subscribers")
 callgrind_control -d "$pid" >/dev/null 2>&1
 kill "$pid"
 wait "$pid" || true
@@ -138,4 +148,5 @@ ir=$(awk '/^totals:/ {print $2}' "$work/cg.out.1")
 [ -n "${CALLGRIND_KEEP:-}" ] && cp "$work/cg.out.1" "$CALLGRIND_KEEP"
 what="single appends"
 [ "$streaming" = 1 ] && what="streamed lines"
+[ "$sse" = 1 ] && what="$what, each delivered to $subscribers subscriber(s)"
 echo "$(basename "$(dirname "$bin")")/$(basename "$bin"): $appends $what, $ir instructions: $((ir / appends)) per append"

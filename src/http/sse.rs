@@ -7,7 +7,6 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -17,7 +16,9 @@ use axum::http::{header, HeaderValue};
 use axum::response::Response;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::Stream;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
+
+use crate::live::alarm::Alarm;
 
 use crate::dialect::{Cursor, Data, Out};
 
@@ -128,8 +129,9 @@ struct KeepAlive {
     chunks: Pin<Box<dyn Stream<Item = Bytes> + Send>>,
     every: Duration,
     /// Fires at the earliest moment a keep-alive could be due; checked against `last`
-    /// when it does, so sending a chunk does not touch the timer.
-    timer: Pin<Box<Sleep>>,
+    /// when it does, so sending a chunk does not touch the timer (and, an [`Alarm`],
+    /// waiting for the next chunk does not poll it again).
+    timer: Alarm,
     last: Instant,
     opened: bool,
 }
@@ -137,13 +139,7 @@ struct KeepAlive {
 impl KeepAlive {
     fn new(chunks: Pin<Box<dyn Stream<Item = Bytes> + Send>>, every: Duration) -> KeepAlive {
         let now = Instant::now();
-        KeepAlive {
-            chunks,
-            every,
-            timer: Box::pin(tokio::time::sleep_until(now + every)),
-            last: now,
-            opened: false,
-        }
+        KeepAlive { chunks, every, timer: Alarm::at(now + every), last: now, opened: false }
     }
 }
 
@@ -166,18 +162,18 @@ impl Stream for KeepAlive {
             Poll::Pending => {}
         }
         loop {
-            if this.timer.as_mut().poll(cx).is_pending() {
+            if this.timer.poll_fired(cx).is_pending() {
                 return Poll::Pending;
             }
             let due = this.last + this.every;
             let now = Instant::now();
             if now >= due {
                 this.last = now;
-                this.timer.as_mut().reset(now + this.every);
+                this.timer.reset(now + this.every);
                 return Poll::Ready(Some(Ok(Bytes::from_static(KEEPALIVE_COMMENT))));
             }
             // Something was sent since the timer was set: wait out the rest.
-            this.timer.as_mut().reset(due);
+            this.timer.reset(due);
         }
     }
 }

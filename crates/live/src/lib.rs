@@ -32,6 +32,7 @@
 #![warn(missing_docs)]
 
 pub mod activity;
+pub mod alarm;
 mod feed;
 mod hub;
 mod reads;

@@ -14,6 +14,7 @@ use agent_stream_core::projection::RunView;
 use agent_stream_store::auth::Principal;
 use agent_stream_store::events::Filter;
 
+use super::alarm::Alarm;
 use super::feed::{fold_page, Registration, Want};
 use super::{Batch, Live, Page};
 
@@ -37,8 +38,9 @@ pub struct Tail {
     /// When the caller's key was last confirmed valid.
     key_checked: tokio::time::Instant,
     /// Fires every [`KEY_RECHECK`] while waiting. One timer for the tail's life: a
-    /// timeout per wait would register and cancel a timer per subscriber per wake-up.
-    tick: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// timeout per wait would register and cancel a timer per subscriber per wake-up;
+    /// an [`Alarm`], so a wait for the next page does not poll it again.
+    tick: Alarm,
     stopping: tokio::sync::watch::Receiver<bool>,
     done: bool,
     /// What this subscriber needs rendered from the run's fold, and its entry in the
@@ -88,7 +90,7 @@ impl Tail {
         let newest = live.hub.subscribe(&who.tenant_id, &run_id);
         live.metrics.subscribers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let key_checked = tokio::time::Instant::now();
-        let tick = Box::pin(tokio::time::sleep_until(key_checked + KEY_RECHECK));
+        let tick = Alarm::at(key_checked + KEY_RECHECK);
         Tail {
             live,
             who,
@@ -265,7 +267,7 @@ impl Tail {
                 // top of the loop by time, whichever branch woke us).
                 biased;
                 r = self.pages.recv() => Some(r),
-                _ = self.tick.as_mut() => None,
+                _ = self.tick.fired() => None,
             };
             match waited {
                 Some(Ok(page)) => {
@@ -303,7 +305,7 @@ impl Tail {
                 // its subscribers (a re-read per tail made idle reads grow with them).
                 None => {
                     let next = tokio::time::Instant::now() + KEY_RECHECK;
-                    self.tick.as_mut().reset(next);
+                    self.tick.reset(next);
                 }
             }
         }

@@ -1,0 +1,120 @@
+//! A timer for a stream that wakes far more often for data than for its timer.
+//!
+//! A live stream waits on two things at once: its data (a run's pages) and a timer (a
+//! keep-alive, a key re-check) that fires every few seconds. Polling a tokio `Sleep`
+//! each time the data is pending re-registers the task's waker with the timer wheel
+//! and spends the task's cooperative budget: at 1,000 subscribers of one run, the
+//! two timers of each SSE stream cost ~500 of the ~7,800 instructions one more
+//! subscriber of a page costs (`CALLGRIND_SUBSCRIBERS`, docs/benchmarks-log.md,
+//! 2026-12-02 15:27). An [`Alarm`] polls its `Sleep` only when that can change
+//! something: the first time after a (re)set, when the task's waker changed, or when
+//! the timer wheel has fired it. Otherwise the waker it registered last is still the
+//! one to wake, which is all `Future::poll` asks of a pending future.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use tokio::time::{Instant, Sleep};
+
+/// A `Sleep` that is polled again only when the poll could answer differently.
+pub struct Alarm {
+    sleep: Pin<Box<Sleep>>,
+    /// The waker the pending `sleep` was last polled with.
+    armed: Option<Waker>,
+}
+
+impl Alarm {
+    /// Fires at `deadline`.
+    pub fn at(deadline: Instant) -> Alarm {
+        Alarm { sleep: Box::pin(tokio::time::sleep_until(deadline)), armed: None }
+    }
+
+    /// Fires at `deadline` instead (again, if it fired).
+    pub fn reset(&mut self, deadline: Instant) {
+        self.sleep.as_mut().reset(deadline);
+        self.armed = None;
+    }
+
+    /// Ready once the deadline passed; otherwise the task of `cx` is woken when it does.
+    pub fn poll_fired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(w) = &self.armed {
+            // Still in the wheel (not fired) and registered with this task's waker.
+            if w.will_wake(cx.waker()) && !self.sleep.is_elapsed() {
+                return Poll::Pending;
+            }
+        }
+        match self.sleep.as_mut().poll(cx) {
+            Poll::Pending => {
+                match &mut self.armed {
+                    Some(w) => w.clone_from(cx.waker()),
+                    None => self.armed = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+            Poll::Ready(()) => {
+                self.armed = None;
+                Poll::Ready(())
+            }
+        }
+    }
+
+    /// [`Alarm::poll_fired`] as a future.
+    pub fn fired(&mut self) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx| self.poll_fired(cx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+    use std::time::Duration;
+
+    /// Counts its wake-ups.
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn waker() -> (Arc<Count>, Waker) {
+        let c = Arc::new(Count(AtomicUsize::new(0)));
+        (c.clone(), Waker::from(c))
+    }
+
+    /// Polled between its deadlines as a stream's timer is (each time the data is
+    /// pending), it fires at each deadline, wakes the task that polled it, follows a
+    /// change of waker, and fires again after a reset.
+    #[tokio::test(start_paused = true)]
+    async fn fires_at_its_deadline_and_wakes_the_waker_it_was_last_polled_with() {
+        let start = Instant::now();
+        let mut alarm = Alarm::at(start + Duration::from_secs(2));
+        let (first, w1) = waker();
+        let mut cx = Context::from_waker(&w1);
+        for _ in 0..3 {
+            assert!(alarm.poll_fired(&mut cx).is_pending(), "before its deadline");
+        }
+        // A task's waker may change (a stream moved to another task): the new one is
+        // the one woken.
+        let (second, w2) = waker();
+        let mut cx2 = Context::from_waker(&w2);
+        assert!(alarm.poll_fired(&mut cx2).is_pending());
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(first.0.load(Ordering::SeqCst), 0, "the waker it was polled with before is not woken");
+        assert_eq!(second.0.load(Ordering::SeqCst), 1, "woken at the deadline");
+        assert!(alarm.poll_fired(&mut cx2).is_ready(), "fired");
+        alarm.reset(Instant::now() + Duration::from_secs(2));
+        assert!(alarm.poll_fired(&mut cx2).is_pending(), "reset: pending again");
+        assert!(alarm.poll_fired(&mut cx2).is_pending());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(alarm.poll_fired(&mut cx2).is_pending(), "one second short");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(second.0.load(Ordering::SeqCst), 2, "woken at the new deadline");
+        assert!(alarm.poll_fired(&mut cx2).is_ready());
+    }
+}

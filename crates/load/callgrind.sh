@@ -79,13 +79,13 @@ def produce(i, done):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     c.request("POST", "/v1/runs", body=b"", headers=headers)
     run = json.loads(c.getresponse().read())["run_id"]
-    stream = []
+    streams = []
     for _ in range(subscribers if sse else 0):
         s = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         s.request("GET", f"/v1/runs/{run}/stream?detail=full", headers=headers)
         r = s.getresponse()
         assert r.status == 200, r.status
-        stream.append(r)
+        streams.append(r)
     if stream_mode:
         # One streaming append per client (chunked NDJSON), a line at a time: each
         # line waits for its acknowledgement (and its frame) before the next, so a
@@ -108,7 +108,7 @@ def produce(i, done):
             if "last_seq" not in answer:
                 sys.exit(f"the streaming append answered {got!r}")
             if sse:
-                wait_for_frame(stream, answer["last_seq"])
+                wait_for_frame(streams, answer["last_seq"])
             done[i] += 1
         p.sendall(b"0\r\n\r\n")
         return
@@ -121,7 +121,7 @@ def produce(i, done):
         if r.status != 201:
             continue
         if sse:
-            wait_for_frame(stream, json.loads(answer)["last_seq"])
+            wait_for_frame(streams, json.loads(answer)["last_seq"])
         done[i] += 1
 done = [0] * clients
 threads = [threading.Thread(target=produce, args=(i, done)) for i in range(clients)]

@@ -18,9 +18,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use futures::Stream;
 use tokio::time::Instant;
 
-use crate::live::alarm::Alarm;
-
 use crate::dialect::{Cursor, Data, Out};
+use crate::live::alarm::Alarm;
 
 /// Keep-alive comment interval (seed 004 §5.1).
 pub(crate) const KEEPALIVE: Duration = Duration::from_secs(15);

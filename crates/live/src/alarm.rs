@@ -3,10 +3,10 @@
 //! A live stream waits on two things at once: its data (a run's pages) and a timer (a
 //! keep-alive, a key re-check) that fires every few seconds. Polling a tokio `Sleep`
 //! each time the data is pending re-registers the task's waker with the timer wheel
-//! and spends the task's cooperative budget: at 1,000 subscribers of one run, the
-//! two timers of each SSE stream cost ~500 of the ~7,800 instructions one more
-//! subscriber of a page costs (`CALLGRIND_SUBSCRIBERS`, docs/benchmarks-log.md,
-//! 2026-12-02 15:27). An [`Alarm`] polls its `Sleep` only when that can change
+//! and spends the task's cooperative budget: the two timers of an SSE stream cost
+//! ~500 of the ~7,800 instructions one more subscriber of a page costs
+//! (`CALLGRIND_SUBSCRIBERS`, docs/benchmarks-log.md, 2026-12-02 16:20), and a run's
+//! page is delivered once per subscriber. An [`Alarm`] polls its `Sleep` only when that can change
 //! something: the first time after a (re)set, when the task's waker changed, or when
 //! the timer wheel has fired it. Otherwise the waker it registered last is still the
 //! one to wake, which is all `Future::poll` asks of a pending future.
@@ -46,10 +46,7 @@ impl Alarm {
         }
         match self.sleep.as_mut().poll(cx) {
             Poll::Pending => {
-                match &mut self.armed {
-                    Some(w) => w.clone_from(cx.waker()),
-                    None => self.armed = Some(cx.waker().clone()),
-                }
+                self.armed = Some(cx.waker().clone());
                 Poll::Pending
             }
             Poll::Ready(()) => {

@@ -20,13 +20,21 @@
 //! (catch-up reads) or that carry the subscriber's own opening snapshot go through its
 //! own execution, as every event did before. Every other operation, and a `runEvents`
 //! refused before it started, passes through unchanged.
+//!
+//! What is shared is the response's JSON text, not the response: a copy of the
+//! response was a deep clone of its value tree, which the protocol handler then
+//! serialized again, for each subscriber (~40% of what a GraphQL WebSocket subscriber
+//! cost beyond an SSE one, docs/benchmarks-log.md, 2026-12-02 19:00). async-graphql's
+//! handler frames every response itself, so the stream yields a [`PLACEHOLDER`]
+//! response and leaves the text in the socket's [`Spliced`]; the socket puts it in
+//! the framed message ([`Spliced::splice`]). The handler frames a response as soon as a
+//! stream yields it, so the text left is always the one of the message in hand.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use async_graphql::{Data, Executor, Name, Request, Response, ServerError, Value};
+use async_graphql::{Data, Executor, Name, Request, Response, Value};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
@@ -70,28 +78,53 @@ impl Capture {
     }
 }
 
-/// One event's response, as the first subscriber of its shape rendered it.
-struct Rendered {
-    data: Value,
-    errors: Vec<ServerError>,
-    extensions: BTreeMap<String, Value>,
+/// A page's renderings for one request shape, one cell per event of the page: each
+/// the JSON text of the event's response, as the first subscriber of the shape made it.
+struct Renders(Vec<OnceLock<Arc<str>>>);
+
+/// The `data` of the response a stream yields in place of a shared rendering. No
+/// execution makes it: a response's data is an object, or null.
+fn placeholder() -> Response {
+    Response::new(Value::String(String::new()))
 }
 
-impl Rendered {
-    fn of(r: Response) -> Rendered {
-        Rendered { data: r.data, errors: r.errors, extensions: r.extensions }
+/// How async-graphql's handler ends a message framing [`placeholder`] (both
+/// protocols: `{"type":"next"|"data","id":…,"payload":{"data":""}}`).
+const PLACEHOLDER: &str = r#","payload":{"data":""}}"#;
+
+/// A socket's shared rendering on its way from a stream to the message the handler
+/// frames around its placeholder (module docs).
+#[derive(Clone, Default)]
+pub(crate) struct Spliced(Arc<Mutex<Option<Arc<str>>>>);
+
+impl Spliced {
+    fn leave(&self, text: Arc<str>) {
+        *lock(&self.0) = Some(text);
     }
 
-    fn response(&self) -> Response {
-        let mut r = Response::new(self.data.clone());
-        r.errors = self.errors.clone();
-        r.extensions = self.extensions.clone();
-        r
+    /// `message` as the handler framed it, with the shared rendering left for it in
+    /// place of its placeholder; any other message as it is.
+    pub(crate) fn splice(&self, message: String) -> String {
+        let Some(text) = lock(&self.0).take() else { return message };
+        if let Some(head) = message.strip_suffix(PLACEHOLDER) {
+            let mut out = String::with_capacity(head.len() + text.len() + 12);
+            out.push_str(head);
+            out.push_str(r#","payload":"#);
+            out.push_str(&text);
+            out.push('}');
+            return out;
+        }
+        // Another framing (a newer async-graphql): the same, the slow way.
+        let spliced = serde_json::from_str::<serde_json::Value>(&message).and_then(|mut m| {
+            m["payload"] = serde_json::from_str(&text)?;
+            serde_json::to_string(&m)
+        });
+        spliced.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "a shared GraphQL rendering could not be put in its message");
+            message
+        })
     }
 }
-
-/// A page's renderings for one request shape, one cell per event of the page.
-struct Renders(Vec<OnceLock<Rendered>>);
 
 /// The key of a request's renderings: its query, operation and variables, without the
 /// variable that gave `afterSeq`. `None` (nothing shared) if the variables do not
@@ -113,9 +146,10 @@ fn shape(
 }
 
 /// The schema, run so that `runEvents` subscribers share renderings (module docs);
-/// the metrics count the renderings made.
+/// the metrics count the renderings made, and the socket's messages take the shared
+/// texts from the [`Spliced`].
 #[derive(Clone)]
-pub(crate) struct Sharing(pub AgentSchema, pub Arc<Metrics>);
+pub(crate) struct Sharing(pub AgentSchema, pub Arc<Metrics>, pub Spliced);
 
 impl Executor for Sharing {
     fn execute(&self, request: Request) -> impl Future<Output = Response> + Send {
@@ -135,7 +169,7 @@ impl Executor for Sharing {
         let capture = Capture { handed: Mutex::new(Some(handed_tx)), feed: Mutex::new(Some(feed_rx)) };
         let mut own =
             self.0.execute_stream_with_session_data(request.data(capture), session_data.unwrap_or_default());
-        let metrics = self.1.clone();
+        let (metrics, spliced) = (self.1.clone(), self.2.clone());
         async_stream::stream! {
             /// What came first.
             enum First {
@@ -168,7 +202,8 @@ impl Executor for Sharing {
                     page.memo(key, |n| Renders((0..n).map(|_| OnceLock::new()).collect())).map(|m| (m, i))
                 });
                 if let Some(shared) = memo.as_ref().and_then(|(m, i)| m.0[*i].get()) {
-                    yield shared.response();
+                    spliced.leave(shared.clone());
+                    yield placeholder();
                     continue;
                 }
                 if feed.send(Box::new(event)).await.is_err() {
@@ -176,19 +211,18 @@ impl Executor for Sharing {
                 }
                 metrics.graphql_renders.fetch_add(1, Relaxed);
                 let Some(response) = own.next().await else { return };
-                let response = match memo {
-                    // Offered to the others; nobody waits for it (a subscriber whose
-                    // socket is stuck would make them wait too). Another worker's
-                    // subscriber that rendered it meanwhile keeps its own.
-                    Some((m, i)) => {
-                        let rendered = Rendered::of(response);
-                        let response = rendered.response();
-                        let _ = m.0[i].set(rendered);
-                        response
-                    }
-                    None => response,
+                let text = memo.and_then(|m| Some((m, serde_json::to_string(&response).ok()?)));
+                let Some(((m, i), text)) = text else {
+                    yield response;
+                    continue;
                 };
-                yield response;
+                // Offered to the others; nobody waits for it (a subscriber whose socket
+                // is stuck would make them wait too). Another worker's subscriber that
+                // rendered it meanwhile keeps its own.
+                let text: Arc<str> = text.into();
+                let _ = m.0[i].set(text.clone());
+                spliced.leave(text);
+                yield placeholder();
             }
         }
         .boxed()
@@ -200,7 +234,36 @@ mod tests {
     use async_graphql::Variables;
     use serde_json::json;
 
-    use super::shape;
+    use super::{placeholder, shape, Spliced};
+
+    /// The placeholder as the protocol handler frames it, for `type` and `id`.
+    fn framed(kind: &str, id: &str) -> String {
+        let payload = serde_json::to_value(placeholder()).expect("a response serializes");
+        serde_json::to_string(&json!({"type": kind, "id": id, "payload": payload})).expect("json")
+    }
+
+    /// The shared text takes the placeholder's place in either protocol's message, under
+    /// the message's own id; a message with nothing left for it passes as it is.
+    #[test]
+    fn a_shared_rendering_is_put_in_place_of_the_placeholder() {
+        let text = r#"{"data":{"runEvents":{"seq":3,"payload":{"text":"a \"b\"}"}}}}"#;
+        let spliced = Spliced::default();
+        for (kind, id) in [("next", "1"), ("data", r#"a "quoted" id"#)] {
+            spliced.leave(text.into());
+            let got: serde_json::Value =
+                serde_json::from_str(&spliced.splice(framed(kind, id))).expect("the message is JSON");
+            let want = json!({"type": kind, "id": id, "payload": serde_json::from_str::<serde_json::Value>(text).expect("json")});
+            assert_eq!(got, want);
+        }
+        let ack = r#"{"type":"connection_ack"}"#.to_owned();
+        assert_eq!(spliced.splice(ack.clone()), ack, "nothing was left, so nothing is put in");
+        // A framing other than the handler's (fields in another order) gets it too.
+        spliced.leave(text.into());
+        let other = r#"{"payload":{"data":""},"id":"9","type":"next"}"#.to_owned();
+        let got: serde_json::Value = serde_json::from_str(&spliced.splice(other)).expect("json");
+        assert_eq!(got["payload"]["data"]["runEvents"]["seq"], 3);
+        assert_eq!(got["id"], "9");
+    }
 
     fn vars(v: serde_json::Value) -> Variables {
         Variables::from_json(v)

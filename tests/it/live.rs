@@ -780,11 +780,14 @@ mod graphql_ws {
         line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("a count")
     }
 
-    /// Receives `runEvents` items until `seq` `last`, each as `(seq, the item)`.
-    async fn items_until(ws: &mut Ws, last: i64) -> Vec<(i64, Value)> {
+    /// Receives `runEvents` items of the subscription `id` until `seq` `last`, each as
+    /// `(seq, the item)`.
+    async fn items_until(ws: &mut Ws, id: &str, last: i64) -> Vec<(i64, Value)> {
         let mut got = vec![];
         loop {
             let m = recv(ws).await.expect("an item before the socket closes");
+            assert_eq!(m["id"], id, "a message of the subscription it answers: {m}");
+            assert!(m["type"] == "next" || m["type"] == "data", "an item: {m}");
             let item = m["payload"]["data"]["runEvents"].clone();
             let seq = item["seq"].as_i64().unwrap_or_else(|| panic!("an item with a seq: {m}"));
             got.push((seq, item));
@@ -803,21 +806,22 @@ mod graphql_ws {
             "subscription($run: ID!, $after: Int) { runEvents(runId: $run, afterSeq: $after) { seq runId } }";
         let reader = t.key_for_a(&[agent_stream::auth::Scope::Read]).await.secret;
         // Same request shape, different cursors, keys and protocols; and one other shape.
+        // Each its own subscription id: the shared text is framed with the subscriber's.
         let mut same = vec![];
-        for (protocol, start, after, key) in [
-            ("graphql-transport-ws", "subscribe", 0, &t.key_a),
-            ("graphql-transport-ws", "subscribe", 1, &reader),
-            ("graphql-ws", "start", 0, &t.key_a),
+        for (protocol, start, after, key, id) in [
+            ("graphql-transport-ws", "subscribe", 0, &t.key_a, "1"),
+            ("graphql-transport-ws", "subscribe", 1, &reader, "a \"quoted\" id"),
+            ("graphql-ws", "start", 0, &t.key_a, "legacy-3"),
         ] {
             let mut ws = connect(&t, protocol, key).await;
             assert_eq!(recv(&mut ws).await.unwrap()["type"], "connection_ack");
             let vars = json!({"run": run, "after": after});
-            send(&mut ws, json!({"id": "1", "type": start, "payload": {"query": SUB, "variables": vars}}))
+            send(&mut ws, json!({"id": id, "type": start, "payload": {"query": SUB, "variables": vars}}))
                 .await;
-            let caught_up = items_until(&mut ws, 2).await;
+            let caught_up = items_until(&mut ws, id, 2).await;
             let seqs: Vec<i64> = caught_up.iter().map(|(s, _)| *s).collect();
             assert_eq!(seqs, ((after + 1)..=2).collect::<Vec<_>>(), "{protocol} after {after}");
-            same.push(ws);
+            same.push((ws, id));
         }
         let mut shaped = connect(&t, "graphql-transport-ws", &t.key_a).await;
         assert_eq!(recv(&mut shaped).await.unwrap()["type"], "connection_ack");
@@ -826,13 +830,13 @@ mod graphql_ws {
             json!({"id": "7", "type": "subscribe", "payload": {"query": other, "variables": {"run": run}}}),
         )
         .await;
-        assert_eq!(items_until(&mut shaped, 2).await.len(), 2);
+        assert_eq!(items_until(&mut shaped, "7", 2).await.len(), 2);
 
         let before = renders(&t).await;
         let texts: Vec<String> = (0..10).map(|i| format!("live {i}")).collect();
         t.append_ok(&t.key_a, &run, json!(texts.iter().map(|x| delta(x)).collect::<Vec<_>>())).await;
-        for ws in &mut same {
-            let got = items_until(ws, 12).await;
+        for (ws, id) in &mut same {
+            let got = items_until(ws, id, 12).await;
             let want: Vec<(i64, Value)> = texts
                 .iter()
                 .enumerate()
@@ -842,7 +846,7 @@ mod graphql_ws {
                 .collect();
             assert_eq!(got, want);
         }
-        let got = items_until(&mut shaped, 12).await;
+        let got = items_until(&mut shaped, "7", 12).await;
         let want: Vec<(i64, Value)> = (3..=12).map(|s| (s, json!({"seq": s, "runId": run}))).collect();
         assert_eq!(got, want, "the other shape gets its own fields, not the shared ones");
         // Ten live events, rendered once for each of the two shapes: not once for each

@@ -34,6 +34,7 @@ use super::{build_schema_cached, AgentSchema, CallerResult};
 use crate::app::AppRef;
 use crate::auth::Principal;
 use crate::error::{Error, ErrorCode};
+use agent_stream_live::alarm::Alarm;
 
 /// How long a new socket may take to send `connection_init` (graphql-ws's default
 /// `connectionInitWaitTimeout`); then it is closed with [`INIT_TIMED_OUT`].
@@ -196,6 +197,21 @@ async fn key_valid(app: &AppRef, who: &Principal) -> bool {
     app.auth.still_valid(&app.db, who).await.unwrap_or(true)
 }
 
+/// `f`'s output, or `Elapsed` if it waits `stall`. The timer is made only when `f`
+/// has to wait: a write into a socket's buffer seldom does, and a `timeout` per
+/// message read the clock and looked up the runtime's timer once per subscriber and
+/// event.
+async fn within<F: std::future::Future>(
+    stall: Duration,
+    f: F,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().now_or_never() {
+        Some(out) => Ok(out),
+        None => tokio::time::timeout(stall, f).await,
+    }
+}
+
 /// One WebSocket connection. Like async-graphql-axum's own loop, except that messages
 /// that are ready together go out in one write (subscribers of a busy run get a batch
 /// of events per wake-up, and a flush per message made that a syscall per event), and
@@ -259,7 +275,8 @@ async fn serve_ws(socket: WebSocket, schema: AgentSchema, protocol: WebSocketPro
     };
     let init_state = state.clone();
     let init_app = app.clone();
-    let schema = super::shared::Sharing(schema, app.metrics.clone());
+    let spliced = super::shared::Spliced::default();
+    let schema = super::shared::Sharing(schema, app.metrics.clone(), spliced.clone());
     let out = async_graphql::http::WebSocket::from_message_stream(schema, input, protocol)
         .on_connection_init(move |payload| async move {
             let (app, state) = (init_app, init_state);
@@ -287,7 +304,7 @@ async fn serve_ws(socket: WebSocket, schema: AgentSchema, protocol: WebSocketPro
         .map({
             let state = state.clone();
             move |m| match m {
-                WsMessage::Text(text) => Message::Text(text.into()),
+                WsMessage::Text(text) => Message::Text(spliced.splice(text).into()),
                 WsMessage::Close(code, reason) => {
                     let code = match code {
                         1002 => state.refused().map_or(BAD_REQUEST, refusal_code),
@@ -300,9 +317,12 @@ async fn serve_ws(socket: WebSocket, schema: AgentSchema, protocol: WebSocketPro
         });
     futures::pin_mut!(out);
     let stall = app.settings.ws.stall;
+    // Alarms, not a `sleep_until` and an `Interval` in the `select!`: those were made or
+    // polled (their wakers registered with the timer wheel again) each time the socket
+    // woke to send, once per subscriber and page.
     let init_deadline = tokio::time::Instant::now() + INIT_TIMEOUT;
-    let mut recheck = tokio::time::interval_at(init_deadline, KEY_RECHECK);
-    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut init_timer = Alarm::at(init_deadline);
+    let mut recheck = Alarm::at(init_deadline);
     let close = |code: u16, reason: &str| Message::Close(Some(CloseFrame { code, reason: reason.into() }));
     let bye = loop {
         // The stop flag is set before any stream ends because of it, so checking it
@@ -316,16 +336,17 @@ async fn serve_ws(socket: WebSocket, schema: AgentSchema, protocol: WebSocketPro
         let woke = tokio::select! {
             biased;
             _ = stopping.wait_for(|s| *s) => Woke::Stopping,
-            _ = tokio::time::sleep_until(init_deadline), if !state.init_received.load(std::sync::atomic::Ordering::Relaxed) => {
+            _ = init_timer.fired(), if !state.init_received.load(std::sync::atomic::Ordering::Relaxed) => {
                 Woke::InitTimedOut
             }
-            _ = recheck.tick(), if state.who.get().is_some() => Woke::Recheck,
+            _ = recheck.fired(), if state.who.get().is_some() => Woke::Recheck,
             m = out.next() => Woke::Out(m),
         };
         let first = match woke {
             Woke::Stopping => break close(GOING_AWAY, "server shutting down; reconnect"),
             Woke::InitTimedOut => break close(INIT_TIMED_OUT, "connection_init was not received in time"),
             Woke::Recheck => {
+                recheck.reset(tokio::time::Instant::now() + KEY_RECHECK);
                 if let Some(who) = state.who.get() {
                     if !Box::pin(key_valid(&app, who)).await {
                         tracing::info!(key_id = %who.key_id, "key revoked; closing its GraphQL WebSocket");
@@ -354,7 +375,7 @@ async fn serve_ws(socket: WebSocket, schema: AgentSchema, protocol: WebSocketPro
         let (mut next, mut closing, mut stuck) = (Some(first), false, false);
         while let Some(m) = next.take() {
             closing = matches!(m, Message::Close(_));
-            match tokio::time::timeout(stall, sink.feed(m)).await {
+            match within(stall, sink.feed(m)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return,
                 Err(_) => {
@@ -368,7 +389,7 @@ async fn serve_ws(socket: WebSocket, schema: AgentSchema, protocol: WebSocketPro
             next = out.next().now_or_never().flatten();
         }
         if !stuck {
-            match tokio::time::timeout(stall, sink.flush()).await {
+            match within(stall, sink.flush()).await {
                 Ok(Ok(())) if !closing => continue,
                 Ok(_) => return,
                 Err(_) => {}

@@ -105,8 +105,12 @@ pub struct GqlEvent {
 
 /// Where an event's data lives: its own, or in a live page shared by every subscriber of
 /// the run, so a subscription copies nothing and builds only the fields a client asks for.
+/// An own event is boxed: a subscriber's events pass by value through half a dozen
+/// stream adapters, and unboxed every live event carried an `Event`'s few hundred
+/// bytes through each (copying them was 8% of the server's CPU at 1,000 GraphQL
+/// subscribers, docs/benchmarks-log.md, 2026-12-02 19:00).
 enum EventRef {
-    Owned(Event),
+    Owned(Box<Event>),
     Shared(crate::live::Batch),
 }
 
@@ -137,7 +141,7 @@ impl GqlEvent {
 
 impl From<Event> for GqlEvent {
     fn from(e: Event) -> Self {
-        GqlEvent { event: EventRef::Owned(e), encoded: None, own: false }
+        GqlEvent { event: EventRef::Owned(Box::new(e)), encoded: None, own: false }
     }
 }
 
@@ -410,4 +414,16 @@ async fn control(ctx: &Context<'_>, run_id: ID, action: Control) -> async_graphq
     app.control(who, &run_id, action).await.gql()?;
     let (run, view) = app.view(who, &run_id).await.gql()?;
     Ok(GqlRun::with_view(run, view))
+}
+
+#[cfg(test)]
+mod tests {
+    /// A subscriber's event stays a few words as it passes through the stream adapters
+    /// (see `EventRef`): a live one is a slice of its page, an own one a box.
+    #[test]
+    fn an_event_in_a_subscription_is_a_few_words() {
+        let size = std::mem::size_of::<super::GqlEvent>();
+        assert!(size <= 64, "GqlEvent is {size} bytes");
+        assert!(std::mem::size_of::<agent_stream_core::domain::Event>() > 2 * size, "boxing saves nothing");
+    }
 }

@@ -99,7 +99,15 @@ pub async fn graphql_ws(
     use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
     let mut req = format!("ws://{addr}/graphql/ws").into_client_request().map_err(|e| e.to_string())?;
     req.headers_mut().insert("sec-websocket-protocol", "graphql-transport-ws".parse().expect("header"));
-    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.map_err(|e| e.to_string())?;
+    // tungstenite zeroes its whole read buffer, 128 KiB by default, on every read: at
+    // 1,000 subscribers that memset was 45% of this tool's CPU (19% of the machine), on
+    // the cores the server under test shares (docs/benchmarks-log.md, 2026-12-02 19:00). 16 KiB
+    // still takes a wake-up's frames in a read or two.
+    let config =
+        tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default().read_buffer_size(16 * 1024);
+    let (mut ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(config), false)
+        .await
+        .map_err(|e| e.to_string())?;
     let init =
         serde_json::json!({"type": "connection_init", "payload": {"authorization": format!("Bearer {key}")}});
     ws.send(Message::text(init.to_string())).await.map_err(|e| e.to_string())?;

@@ -34,7 +34,7 @@ use super::{build_schema_cached, AgentSchema, CallerResult};
 use crate::app::AppRef;
 use crate::auth::Principal;
 use crate::error::{Error, ErrorCode};
-use agent_stream_live::alarm::Alarm;
+use agent_stream_live::alarm::{within, Alarm};
 
 /// How long a new socket may take to send `connection_init` (graphql-ws's default
 /// `connectionInitWaitTimeout`); then it is closed with [`INIT_TIMED_OUT`].
@@ -195,21 +195,6 @@ fn refusal_code(code: ErrorCode) -> u16 {
 /// made each of 10,000 idle sockets some 6 KiB larger (`bench fanout`).
 async fn key_valid(app: &AppRef, who: &Principal) -> bool {
     app.auth.still_valid(&app.db, who).await.unwrap_or(true)
-}
-
-/// `f`'s output, or `Elapsed` if it waits `stall`. The timer is made only when `f`
-/// has to wait: a write into a socket's buffer seldom does, and a `timeout` per
-/// message read the clock and looked up the runtime's timer once per subscriber and
-/// event.
-async fn within<F: std::future::Future>(
-    stall: Duration,
-    f: F,
-) -> Result<F::Output, tokio::time::error::Elapsed> {
-    let mut f = std::pin::pin!(f);
-    match f.as_mut().now_or_never() {
-        Some(out) => Ok(out),
-        None => tokio::time::timeout(stall, f).await,
-    }
 }
 
 /// One WebSocket connection. Like async-graphql-axum's own loop, except that messages

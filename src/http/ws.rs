@@ -32,6 +32,7 @@ use crate::app::AppRef;
 use crate::auth::Principal;
 use crate::dialect::{Format, Out};
 use crate::error::{Error, ErrorCode};
+use crate::live::alarm::{within, Alarm};
 
 /// The subprotocol a client opts in with (seed 004 §5.2).
 pub const SUBPROTOCOL: &str = "koder-agent-stream-v1";
@@ -137,6 +138,26 @@ where
     let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(Message::Close(Some(frame)))).await;
 }
 
+/// Why a write to the socket stopped.
+enum Stop {
+    /// The socket failed; the client is gone.
+    Failed,
+    /// The client took no bytes for the stall limit.
+    Stalled,
+}
+
+impl From<axum::Error> for Stop {
+    fn from(_: axum::Error) -> Stop {
+        Stop::Failed
+    }
+}
+
+impl From<tokio::time::error::Elapsed> for Stop {
+    fn from(_: tokio::time::error::Elapsed) -> Stop {
+        Stop::Stalled
+    }
+}
+
 /// One socket: the stream's items out, the client's frames watched for a close.
 async fn serve(socket: WebSocket, app: AppRef, who: Principal, sending: Option<Sending<Live>>) {
     let _open = app.socket_open();
@@ -153,7 +174,12 @@ async fn serve(socket: WebSocket, app: AppRef, who: Principal, sending: Option<S
     });
     let mut items = std::pin::pin!(items);
     let stall = app.settings.ws.stall;
-    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + KEEPALIVE, KEEPALIVE);
+    // The ping's Alarm is set for the earliest moment a ping could be due and checked
+    // against the last write when it fires, so a batch does not touch the timer wheel
+    // (an `Interval` reset per batch did) and a wait for the next batch does not poll
+    // it again (the same reasoning as SSE's keep-alive).
+    let mut last_write = tokio::time::Instant::now();
+    let mut ping = Alarm::at(last_write + KEEPALIVE);
     let mut ended = false;
     loop {
         tokio::select! {
@@ -162,14 +188,15 @@ async fn serve(socket: WebSocket, app: AppRef, who: Principal, sending: Option<S
                 ended |= batch.iter().any(|o| o.terminal);
                 let write = async {
                     for o in &batch {
-                        sink.feed(Message::Text(frame_text(o).into())).await?;
+                        within(stall, sink.feed(Message::Text(frame_text(o).into()))).await??;
                     }
-                    sink.flush().await
+                    within(stall, sink.flush()).await??;
+                    Ok::<(), Stop>(())
                 };
-                match tokio::time::timeout(stall, write).await {
-                    Ok(Ok(())) => ping.reset(),
-                    Ok(Err(_)) => return,
-                    Err(_) => {
+                match write.await {
+                    Ok(()) => last_write = tokio::time::Instant::now(),
+                    Err(Stop::Failed) => return,
+                    Err(Stop::Stalled) => {
                         close(&mut sink, TOO_SLOW, "the client stopped reading; resume with after_seq").await;
                         return;
                     }
@@ -187,11 +214,20 @@ async fn serve(socket: WebSocket, app: AppRef, who: Principal, sending: Option<S
                 }
                 Some(Ok(_)) => {}
             },
-            _ = ping.tick() => {
-                if tokio::time::timeout(stall, sink.send(Message::Ping(Default::default()))).await.is_err() {
+            () = ping.fired() => {
+                let due = last_write + KEEPALIVE;
+                let now = tokio::time::Instant::now();
+                if now < due {
+                    // Frames went out since the Alarm was set: wait out the rest.
+                    ping.reset(due);
+                    continue;
+                }
+                if within(stall, sink.send(Message::Ping(Default::default()))).await.is_err() {
                     close(&mut sink, TOO_SLOW, "the client stopped reading; resume with after_seq").await;
                     return;
                 }
+                last_write = now;
+                ping.reset(now + KEEPALIVE);
             }
         }
     }

@@ -496,3 +496,31 @@ async fn a_revoked_key_closes_the_websocket_with_4403() {
     assert!(matches!(ws_next(&mut ws).await, Got::Closed(4403)));
     assert!(started.elapsed() < Duration::from_secs(6), "{:?}", started.elapsed());
 }
+
+/// A socket with frames going out gets no ping; one that has been silent for the
+/// keep-alive interval (15 s, the SSE keep-alive's) gets one, counted from its last frame.
+#[tokio::test]
+async fn the_websocket_profile_pings_only_after_the_keepalive_interval_of_silence() {
+    let t = TestApp::new().await;
+    let run = running_run(&t).await;
+    let mut ws = ws_open(&t.base, &t.key_a, &run, "", &[]).await.expect("handshake");
+    assert!(matches!(ws_next(&mut ws).await, Got::Frame(f) if f["seq"] == 1));
+    // Busy for 18 s, a frame every 3 s: a ping per 15 s of wall clock would show up here.
+    let mut last_frame = std::time::Instant::now();
+    for i in 0..6 {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        t.append_ok(&t.key_a, &run, json!([delta(&format!("d{i}"))])).await;
+        let m = tokio::time::timeout(Duration::from_secs(10), ws.next()).await.expect("a frame");
+        match m {
+            Some(Ok(Message::Text(_))) => {}
+            Some(Ok(Message::Ping(_))) => panic!("a ping {:?} after the last frame", last_frame.elapsed()),
+            other => panic!("{other:?}"),
+        }
+        last_frame = std::time::Instant::now();
+    }
+    // Then silence: the ping comes 15 s after the last frame.
+    let m = tokio::time::timeout(Duration::from_secs(25), ws.next()).await.expect("a ping within 25 s");
+    let after = last_frame.elapsed();
+    assert!(matches!(m, Some(Ok(Message::Ping(_)))), "{m:?}");
+    assert!(after >= Duration::from_millis(14_500) && after < Duration::from_secs(20), "{after:?}");
+}

@@ -14,7 +14,9 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::time::{Instant, Sleep};
 
 /// A `Sleep` that is polled again only when the poll could answer differently.
@@ -59,6 +61,18 @@ impl Alarm {
     /// [`Alarm::poll_fired`] as a future.
     pub fn fired(&mut self) -> impl Future<Output = ()> + '_ {
         std::future::poll_fn(move |cx| self.poll_fired(cx))
+    }
+}
+
+/// `f`'s output, or `Elapsed` if it waits `stall`. The timer is made only when `f`
+/// has to wait: a write into a socket's buffer seldom does, and a `timeout` per
+/// message read the clock and looked up the runtime's timer once per subscriber and
+/// event.
+pub async fn within<F: Future>(stall: Duration, f: F) -> Result<F::Output, tokio::time::error::Elapsed> {
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().now_or_never() {
+        Some(out) => Ok(out),
+        None => tokio::time::timeout(stall, f).await,
     }
 }
 

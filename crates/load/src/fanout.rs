@@ -40,6 +40,9 @@ enum Transport {
     Sse,
     /// GraphQL `runEvents` over `graphql-transport-ws`.
     Ws,
+    /// Seed 004's WebSocket profile, `koder-agent-stream-v1` on
+    /// `/v1/agent/runs/{id}/stream?detail=full`.
+    Native,
 }
 
 impl Transport {
@@ -47,6 +50,7 @@ impl Transport {
         match self {
             Transport::Sse => "SSE",
             Transport::Ws => "WebSocket",
+            Transport::Native => "WebSocket profile",
         }
     }
 }
@@ -136,6 +140,7 @@ impl Sub {
                 ws.send(Message::text(sub.to_string())).await.map_err(|e| e.to_string())?;
                 Ok(Sub::Ws(Box::new(ws)))
             }
+            Transport::Native => Ok(Sub::Ws(Box::new(support::profile_ws(addr, key, run).await?))),
         }
     }
 
@@ -147,8 +152,9 @@ impl Sub {
             Sub::Sse(r) => r.read_ids(ids).await.unwrap_or(false),
             Sub::Ws(ws) => match ws.next().await {
                 Some(Ok(Message::Text(t))) => {
-                    // `{"id":"1","type":"next","payload":{"data":{"runEvents":{"seq":N}}}}`:
-                    // the seq is read off the text, as a client would route it.
+                    // `{"id":"1","type":"next","payload":{"data":{"runEvents":{"seq":N}}}}`, or
+                    // the profile's `{"seq":N,...}`: the seq is read off the text, as a
+                    // client would route it.
                     if let Some(seq) = t
                         .split("\"seq\":")
                         .nth(1)
@@ -208,6 +214,7 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
     let label = match how {
         Transport::Sse => "transport=\"sse\"",
         Transport::Ws => "transport=\"graphql_ws\"",
+        Transport::Native => "transport=\"seed_ws\"",
     };
     let delivery0 =
         support::buckets(&watch.get("/metrics", None).await.expect("metrics").text(), DELIVERY, label);
@@ -323,7 +330,7 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
     );
     println!("| transport | subscribers | events/s the producer achieved (offered 1,000) | server RSS per subscriber (target ≤ 64 KiB for SSE) | append sent → receipt p50 / p99 / max (ms) | inside the server, event ts → handed to the socket, p50 / p99 (ms, bucket bound) | received / expected | server CPU | server CPU per delivered event | live SELECTs per append | SELECTs per subscriber to join |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    for how in [Transport::Sse, Transport::Ws] {
+    for how in [Transport::Sse, Transport::Ws, Transport::Native] {
         // A fresh server per transport, so one's freed memory does not hide the other's.
         let mut server =
             support::serve(bin, url, schema, &["--append-rate", "0", "--retention-interval", "0"]).await;

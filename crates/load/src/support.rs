@@ -117,6 +117,30 @@ pub async fn graphql_ws(
     }
 }
 
+/// A subscriber of seed 004's WebSocket profile for `run`, every event in full, read
+/// with the same 16 KiB buffer as [`graphql_ws`].
+pub async fn profile_ws(
+    addr: &str,
+    key: &str,
+    run: &str,
+) -> Result<
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    String,
+> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let url = format!("ws://{addr}/v1/agent/runs/{run}/stream?detail=full");
+    let mut req = url.into_client_request().map_err(|e| e.to_string())?;
+    let h = req.headers_mut();
+    h.insert("sec-websocket-protocol", "koder-agent-stream-v1".parse().expect("header"));
+    h.insert("authorization", format!("Bearer {key}").parse().map_err(|_| "a key fit for a header")?);
+    let config =
+        tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default().read_buffer_size(16 * 1024);
+    let (ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(config), false)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(ws)
+}
+
 /// A `kB` field of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`), in KiB.
 pub fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

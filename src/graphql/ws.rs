@@ -59,12 +59,13 @@ pub const TOO_SLOW: u16 = 1013;
 /// subscribe again after it.
 const GOING_AWAY: u16 = 1001;
 
-/// Read buffer of a GraphQL WebSocket. Clients send small messages (init, subscribe,
-/// ping, complete), and a bigger frame still grows the buffer as needed. tungstenite's
+/// Read buffer of the server's WebSockets (GraphQL's and seed 004's profile). Clients
+/// send small messages (init, subscribe, ping, complete; the profile's clients only
+/// pongs and a close), and a bigger frame still grows the buffer as needed. tungstenite's
 /// default, 128 KiB, is zeroed on every read attempt, and the connection tries a read
 /// each time it wakes to send an event: at 100 subscribers that memset was a third of
 /// the server's CPU, and it made each connection hold 128 KiB resident.
-const WS_READ_BUFFER: usize = 4 * 1024;
+pub(crate) const WS_READ_BUFFER: usize = 4 * 1024;
 
 /// Client messages read ahead of the protocol handler: one, so that a client sending
 /// large messages to a socket whose handler is not taking them (its sends are stuck)

@@ -108,6 +108,7 @@ pub(super) async fn upgrade(
             .await?;
     Ok(upgrade
         .protocols([SUBPROTOCOL])
+        .read_buffer_size(crate::graphql::ws::WS_READ_BUFFER)
         .max_message_size(64 << 10)
         .on_upgrade(move |socket| serve(socket, app, who, sending))
         .into_response())

@@ -1,5 +1,6 @@
-//! `fanout`: 1, 100, 1,000 and 10,000 subscribers of one run, over SSE and over GraphQL
-//! `runEvents` on `graphql-transport-ws`, against a separate `agent-stream serve`
+//! `fanout`: 1, 100, 1,000 and 10,000 subscribers of one run, over SSE, over GraphQL
+//! `runEvents` on `graphql-transport-ws`, and over seed 004's WebSocket profile
+//! (`koder-agent-stream-v1`), against a separate `agent-stream serve`
 //! process (the release binary; a fresh one per transport). Per cell: the server's
 //! resident memory per subscriber once all are delivering; then a producer offers
 //! 1,000 control events a second (10 per append every 10 ms; control events are never

@@ -139,26 +139,6 @@ where
     let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(Message::Close(Some(frame)))).await;
 }
 
-/// Why a write to the socket stopped.
-enum Stop {
-    /// The socket failed; the client is gone.
-    Failed,
-    /// The client took no bytes for the stall limit.
-    Stalled,
-}
-
-impl From<axum::Error> for Stop {
-    fn from(_: axum::Error) -> Stop {
-        Stop::Failed
-    }
-}
-
-impl From<tokio::time::error::Elapsed> for Stop {
-    fn from(_: tokio::time::error::Elapsed) -> Stop {
-        Stop::Stalled
-    }
-}
-
 /// One socket: the stream's items out, the client's frames watched for a close.
 async fn serve(socket: WebSocket, app: AppRef, who: Principal, sending: Option<Sending<Live>>) {
     let _open = app.socket_open();
@@ -189,15 +169,16 @@ async fn serve(socket: WebSocket, app: AppRef, who: Principal, sending: Option<S
                 ended |= batch.iter().any(|o| o.terminal);
                 let write = async {
                     for o in &batch {
-                        within(stall, sink.feed(Message::Text(frame_text(o).into()))).await??;
+                        sink.feed(Message::Text(frame_text(o).into())).await?;
                     }
-                    within(stall, sink.flush()).await??;
-                    Ok::<(), Stop>(())
+                    sink.flush().await
                 };
-                match write.await {
-                    Ok(()) => last_write = tokio::time::Instant::now(),
-                    Err(Stop::Failed) => return,
-                    Err(Stop::Stalled) => {
+                // One stall budget for the whole batch, as before; `within` arms its
+                // timer only if the batch does not go into the socket at once.
+                match within(stall, write).await {
+                    Ok(Ok(())) => last_write = tokio::time::Instant::now(),
+                    Ok(Err(_)) => return,
+                    Err(_) => {
                         close(&mut sink, TOO_SLOW, "the client stopped reading; resume with after_seq").await;
                         return;
                     }

@@ -87,6 +87,15 @@ pub async fn create_run(http: &mut Conn, key: &str) -> String {
     r.json()["run_id"].as_str().expect("run_id").to_owned()
 }
 
+/// The WebSocket clients' settings: a 16 KiB read buffer. tungstenite zeroes its whole
+/// read buffer, 128 KiB by default, on every read: at 1,000 subscribers that memset was
+/// 45% of this tool's CPU (19% of the machine), on the cores the server under test
+/// shares (docs/benchmarks-log.md, 2026-12-02 19:00). 16 KiB still takes a wake-up's
+/// frames in a read or two.
+fn client_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
+    tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default().read_buffer_size(16 * 1024)
+}
+
 /// A `graphql-transport-ws` socket to the server at `addr`, acknowledged for `key`.
 pub async fn graphql_ws(
     addr: &str,
@@ -99,13 +108,7 @@ pub async fn graphql_ws(
     use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
     let mut req = format!("ws://{addr}/graphql/ws").into_client_request().map_err(|e| e.to_string())?;
     req.headers_mut().insert("sec-websocket-protocol", "graphql-transport-ws".parse().expect("header"));
-    // tungstenite zeroes its whole read buffer, 128 KiB by default, on every read: at
-    // 1,000 subscribers that memset was 45% of this tool's CPU (19% of the machine), on
-    // the cores the server under test shares (docs/benchmarks-log.md, 2026-12-02 19:00). 16 KiB
-    // still takes a wake-up's frames in a read or two.
-    let config =
-        tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default().read_buffer_size(16 * 1024);
-    let (mut ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(config), false)
+    let (mut ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(client_config()), false)
         .await
         .map_err(|e| e.to_string())?;
     let init =
@@ -118,7 +121,7 @@ pub async fn graphql_ws(
 }
 
 /// A subscriber of seed 004's WebSocket profile for `run`, every event in full, read
-/// with the same 16 KiB buffer as [`graphql_ws`].
+/// with [`client_config`] as [`graphql_ws`] is.
 pub async fn profile_ws(
     addr: &str,
     key: &str,
@@ -133,9 +136,7 @@ pub async fn profile_ws(
     let h = req.headers_mut();
     h.insert("sec-websocket-protocol", "koder-agent-stream-v1".parse().expect("header"));
     h.insert("authorization", format!("Bearer {key}").parse().map_err(|_| "a key fit for a header")?);
-    let config =
-        tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default().read_buffer_size(16 * 1024);
-    let (ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(config), false)
+    let (ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(client_config()), false)
         .await
         .map_err(|e| e.to_string())?;
     Ok(ws)

@@ -16,10 +16,9 @@ use axum::http::{header, HeaderValue};
 use axum::response::Response;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::Stream;
-use tokio::time::Instant;
 
 use crate::dialect::{Cursor, Data, Out};
-use crate::live::alarm::Alarm;
+use crate::live::alarm::Idle;
 
 /// Keep-alive comment interval (seed 004 §5.1).
 pub(crate) const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -126,19 +125,15 @@ where
 /// any event arrived still has it), with keep-alive comments in the silences.
 struct KeepAlive {
     chunks: Pin<Box<dyn Stream<Item = Bytes> + Send>>,
-    every: Duration,
-    /// Fires at the earliest moment a keep-alive could be due; checked against `last`
-    /// when it does, so sending a chunk does not touch the timer (and, an [`Alarm`],
-    /// waiting for the next chunk does not poll it again).
-    timer: Alarm,
-    last: Instant,
+    /// Sending a chunk only reads the clock; waiting for the next one does not poll
+    /// the timer again ([`Idle`]).
+    idle: Idle,
     opened: bool,
 }
 
 impl KeepAlive {
     fn new(chunks: Pin<Box<dyn Stream<Item = Bytes> + Send>>, every: Duration) -> KeepAlive {
-        let now = Instant::now();
-        KeepAlive { chunks, every, timer: Alarm::at(now + every), last: now, opened: false }
+        KeepAlive { chunks, idle: Idle::new(every), opened: false }
     }
 }
 
@@ -154,25 +149,11 @@ impl Stream for KeepAlive {
         }
         match this.chunks.as_mut().poll_next(cx) {
             Poll::Ready(Some(c)) => {
-                this.last = Instant::now();
-                return Poll::Ready(Some(Ok(c)));
+                this.idle.wrote();
+                Poll::Ready(Some(Ok(c)))
             }
-            Poll::Ready(None) => return Poll::Ready(None),
-            Poll::Pending => {}
-        }
-        loop {
-            if this.timer.poll_fired(cx).is_pending() {
-                return Poll::Pending;
-            }
-            let due = this.last + this.every;
-            let now = Instant::now();
-            if now >= due {
-                this.last = now;
-                this.timer.reset(now + this.every);
-                return Poll::Ready(Some(Ok(Bytes::from_static(KEEPALIVE_COMMENT))));
-            }
-            // Something was sent since the timer was set: wait out the rest.
-            this.timer.reset(due);
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => this.idle.poll_due(cx).map(|()| Some(Ok(Bytes::from_static(KEEPALIVE_COMMENT)))),
         }
     }
 }
@@ -182,6 +163,7 @@ mod tests {
     use super::*;
     use crate::dialect::Wire;
     use futures::StreamExt;
+    use tokio::time::Instant;
 
     fn text(b: &Bytes) -> &str {
         std::str::from_utf8(b).expect("utf-8")

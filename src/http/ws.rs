@@ -32,7 +32,7 @@ use crate::app::AppRef;
 use crate::auth::Principal;
 use crate::dialect::{Format, Out};
 use crate::error::{Error, ErrorCode};
-use crate::live::alarm::{within, Alarm};
+use crate::live::alarm::{within, Idle};
 
 /// The subprotocol a client opts in with (seed 004 §5.2).
 pub const SUBPROTOCOL: &str = "koder-agent-stream-v1";
@@ -155,12 +155,8 @@ async fn serve(socket: WebSocket, app: AppRef, who: Principal, sending: Option<S
     });
     let mut items = std::pin::pin!(items);
     let stall = app.settings.ws.stall;
-    // The ping's Alarm is set for the earliest moment a ping could be due and checked
-    // against the last write when it fires, so a batch does not touch the timer wheel
-    // (an `Interval` reset per batch did) and a wait for the next batch does not poll
-    // it again (the same reasoning as SSE's keep-alive).
-    let mut last_write = tokio::time::Instant::now();
-    let mut ping = Alarm::at(last_write + KEEPALIVE);
+    // A ping after KEEPALIVE of silence; a batch only reads the clock ([`Idle`]).
+    let mut ping = Idle::new(KEEPALIVE);
     let mut ended = false;
     loop {
         tokio::select! {
@@ -176,7 +172,7 @@ async fn serve(socket: WebSocket, app: AppRef, who: Principal, sending: Option<S
                 // One stall budget for the whole batch, as before; `within` arms its
                 // timer only if the batch does not go into the socket at once.
                 match within(stall, write).await {
-                    Ok(Ok(())) => last_write = tokio::time::Instant::now(),
+                    Ok(Ok(())) => ping.wrote(),
                     Ok(Err(_)) => return,
                     Err(_) => {
                         close(&mut sink, TOO_SLOW, "the client stopped reading; resume with after_seq").await;
@@ -196,20 +192,11 @@ async fn serve(socket: WebSocket, app: AppRef, who: Principal, sending: Option<S
                 }
                 Some(Ok(_)) => {}
             },
-            () = ping.fired() => {
-                let due = last_write + KEEPALIVE;
-                let now = tokio::time::Instant::now();
-                if now < due {
-                    // Frames went out since the Alarm was set: wait out the rest.
-                    ping.reset(due);
-                    continue;
-                }
+            () = ping.due() => {
                 if within(stall, sink.send(Message::Ping(Default::default()))).await.is_err() {
                     close(&mut sink, TOO_SLOW, "the client stopped reading; resume with after_seq").await;
                     return;
                 }
-                last_write = now;
-                ping.reset(now + KEEPALIVE);
             }
         }
     }

@@ -64,6 +64,56 @@ impl Alarm {
     }
 }
 
+/// A keep-alive's timer: due once `every` has passed without a write.
+///
+/// Its [`Alarm`] is set for the earliest moment a keep-alive could be due and is
+/// checked against the last write when it fires, so a write touches only a clock
+/// reading, never the timer wheel (resetting a timer per write put an entry into the
+/// wheel and took it out again per subscriber and page). SSE's keep-alive comments
+/// and the WebSocket profile's pings both wait on one.
+pub struct Idle {
+    every: Duration,
+    alarm: Alarm,
+    last: Instant,
+}
+
+impl Idle {
+    /// Due `every` from now, unless something is written before.
+    pub fn new(every: Duration) -> Idle {
+        let now = Instant::now();
+        Idle { every, alarm: Alarm::at(now + every), last: now }
+    }
+
+    /// Something went out just now: the silence starts again.
+    pub fn wrote(&mut self) {
+        self.last = Instant::now();
+    }
+
+    /// Ready once `every` has passed since the last write, and counted as a write (the
+    /// caller sends its keep-alive); otherwise the task of `cx` is woken when it is due.
+    pub fn poll_due(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            if self.alarm.poll_fired(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let due = self.last + self.every;
+            let now = Instant::now();
+            if now >= due {
+                self.last = now;
+                self.alarm.reset(now + self.every);
+                return Poll::Ready(());
+            }
+            // Something was written since the alarm was set: wait out the rest.
+            self.alarm.reset(due);
+        }
+    }
+
+    /// [`Idle::poll_due`] as a future.
+    pub fn due(&mut self) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx| self.poll_due(cx))
+    }
+}
+
 /// `f`'s output, or `Elapsed` if it waits `stall`. The timer is made only when `f`
 /// has to wait: a write into a socket's buffer seldom does, and a `timeout` per
 /// message read the clock and looked up the runtime's timer once per subscriber and
@@ -127,5 +177,32 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert_eq!(second.0.load(Ordering::SeqCst), 2, "woken at the new deadline");
         assert!(alarm.poll_fired(&mut cx2).is_ready());
+    }
+
+    /// Writes more often than `every` keep it from being due; after the last write it
+    /// is due `every` later, and every `every` after that while nothing is written.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_timer_is_due_only_after_a_whole_interval_without_a_write() {
+        let every = Duration::from_secs(15);
+        let start = Instant::now();
+        let mut idle = Idle::new(every);
+        let (woken, w) = waker();
+        let mut cx = Context::from_waker(&w);
+        for _ in 0..6 {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            assert!(idle.poll_due(&mut cx).is_pending(), "written to 10 s ago at most");
+            idle.wrote();
+        }
+        let last = Instant::now();
+        assert_eq!(last - start, Duration::from_secs(60));
+        for k in 1..=3u32 {
+            idle.due().await;
+            assert_eq!(
+                Instant::now() - last,
+                every * k,
+                "due a whole interval after the last write or keep-alive"
+            );
+        }
+        assert!(woken.0.load(Ordering::SeqCst) >= 1, "the task that polled it was woken when it fired");
     }
 }

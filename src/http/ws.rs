@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -30,7 +30,7 @@ use super::extract::{Caller, Params};
 use super::stream::{detail, open, resume_point, Live, Sending};
 use crate::app::AppRef;
 use crate::auth::Principal;
-use crate::dialect::{Format, Out};
+use crate::dialect::{Data, Format, Out};
 use crate::error::{Error, ErrorCode};
 use crate::live::alarm::{within, Idle};
 
@@ -116,17 +116,24 @@ pub(super) async fn upgrade(
 
 /// The frame text of one item: the native envelope, plus `resume_id` when the item's
 /// stream position is not its `seq`.
-fn frame_text(o: &Out) -> String {
+fn frame_text(o: &Out) -> Utf8Bytes {
     let id = o.cursor();
     if id.is_plain() && id.seq == o.seq {
-        return o.to_text().into_owned();
+        // A live page's rendering is shared by every subscriber of the page: each frame
+        // takes a reference to its bytes where a copy was made per subscriber and item.
+        if let Data::Wire(w) = &o.data {
+            if let Ok(text) = Utf8Bytes::try_from(w.json_bytes()) {
+                return text;
+            }
+        }
+        return o.to_text().into_owned().into();
     }
     match o.to_json() {
         Some(serde_json::Value::Object(mut m)) => {
             m.insert("resume_id".into(), id.to_string().into());
-            serde_json::Value::Object(m).to_string()
+            serde_json::Value::Object(m).to_string().into()
         }
-        _ => o.to_text().into_owned(),
+        _ => o.to_text().into_owned().into(),
     }
 }
 
@@ -165,7 +172,7 @@ async fn serve(socket: WebSocket, app: AppRef, who: Principal, sending: Option<S
                 ended |= batch.iter().any(|o| o.terminal);
                 let write = async {
                     for o in &batch {
-                        sink.feed(Message::Text(frame_text(o).into())).await?;
+                        sink.feed(Message::Text(frame_text(o))).await?;
                     }
                     sink.flush().await
                 };

@@ -192,6 +192,12 @@ impl Wire {
         &self.json
     }
 
+    /// The JSON document as shared bytes: a transport whose frame is the document
+    /// itself sends these to every subscriber instead of a copy each.
+    pub fn json_bytes(&self) -> bytes::Bytes {
+        self.json.clone()
+    }
+
     /// The item as framed by the transport: `frame` runs for the first subscriber that
     /// asks, the others share its bytes.
     pub fn framed(&self, frame: impl FnOnce() -> bytes::Bytes) -> bytes::Bytes {

@@ -196,7 +196,7 @@ impl Subscription {
         let live = batches(tail)
             .map(move |batch| {
                 let mut out = vec![];
-                delivery.delivered_all(batch.events());
+                delivery.delivered_at(batch.ts_micros());
                 for e in batch.events() {
                     traced.traces.delivered(&e.run_id, e.seq, "graphql_ws");
                 }

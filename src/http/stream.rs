@@ -150,7 +150,7 @@ impl Source for Live {
     }
     async fn next_batch(&mut self) -> Option<Batch> {
         let batch = self.tail.next_batch().await?;
-        self.delivery.delivered_all(batch.events());
+        self.delivery.delivered_at(batch.ts_micros());
         for e in batch.events() {
             self.app.traces.delivered(&e.run_id, e.seq, self.transport.transport);
         }

@@ -51,6 +51,9 @@ pub type Page = Arc<PageData>;
 /// in use, it also carries each event rendered for every [`Want`] its subscribers had.
 pub struct PageData {
     events: Vec<Event>,
+    /// Each event's commit time in microseconds since the epoch, for every
+    /// subscriber's delivery metric (converted once per page, not per subscriber).
+    ts_micros: Vec<i64>,
     wire: Vec<OnceLock<Wire>>,
     /// Per dialect in use: each event's items, rendered from the fold after it.
     dialects: Vec<(Format, PerEvent<Out>)>,
@@ -84,8 +87,10 @@ impl PageData {
 
     fn plain(events: Vec<Event>) -> PageData {
         let wire = events.iter().map(|_| OnceLock::new()).collect();
+        let ts_micros = events.iter().map(|e| e.ts.timestamp_micros()).collect();
         PageData {
             events,
+            ts_micros,
             wire,
             dialects: vec![],
             updates: None,
@@ -239,6 +244,12 @@ impl Batch {
     /// The events, in seq order.
     pub fn events(&self) -> &[Event] {
         &self.page.events[self.range.clone()]
+    }
+
+    /// Each event's commit time in microseconds since the epoch, in the order of
+    /// [`Batch::events`].
+    pub fn ts_micros(&self) -> &[i64] {
+        &self.page.ts_micros[self.range.clone()]
     }
 
     /// Each event with its shared native rendering (see `agent_stream_core::dialect::Encoding::push_into`).
@@ -669,6 +680,21 @@ mod tests {
             let bytes: usize = page.iter().map(|e| e.body.payload_len()).sum();
             assert!(page.len() == 1 || bytes <= super::FEED_PAGE_BYTES, "{bytes}");
         }
+    }
+
+    /// A slice's commit times are its own events', in order (each subscriber's delivery
+    /// metric reads them instead of converting the events' times).
+    #[test]
+    fn a_slices_commit_times_are_its_events() {
+        let delta = json!({"type": "text.delta", "payload": {"text": "a"}});
+        let mut evs = stored(&vec![delta; 4]);
+        for (i, e) in evs.iter_mut().enumerate() {
+            e.ts = chrono::DateTime::from_timestamp_millis(1_700_000_000_000 + 7 * i as i64).expect("a time");
+        }
+        let slice = Batch::from(evs).slice(1..3);
+        let want: Vec<i64> = slice.events().iter().map(|e| e.ts.timestamp_micros()).collect();
+        assert_eq!(slice.ts_micros(), want);
+        assert_eq!(want, [1_700_000_000_007_000, 1_700_000_000_014_000]);
     }
 
     /// A memo is made once per page and key, whatever slice of the page asks for it; a

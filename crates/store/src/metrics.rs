@@ -267,15 +267,30 @@ impl Delivery {
     /// clock (a subscriber of a busy run takes pages of many events, and the clock was
     /// a few percent of the server's CPU when read per event at 1,000 subscribers).
     pub fn delivered_all(&self, events: &[Event]) {
-        // In whole microseconds since the epoch, one conversion per event: `DateTime`
-        // arithmetic per event was ~2% of the server's CPU at 1,000 subscribers.
-        let now = chrono::Utc::now().timestamp_micros();
+        self.record(events.iter().map(|e| e.ts.timestamp_micros()));
+    }
+
+    /// [`Delivery::delivered_all`] for events whose commit times are given in whole
+    /// microseconds since the epoch, as a live page holds them for all its subscribers:
+    /// converting each event's `DateTime` per subscriber was ~450 instructions of the
+    /// ~7,400 one more subscriber of a page costs (docs/benchmarks-log.md, 2026-12-03).
+    pub fn delivered_at(&self, ts_micros: &[i64]) {
+        self.record(ts_micros.iter().copied());
+    }
+
+    fn record(&self, ts_micros: impl Iterator<Item = i64>) {
+        // The system clock read as microseconds directly: chrono's `Utc::now` builds a
+        // calendar date only for it to be turned back into a count.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
         // Event times are in milliseconds: compare at that precision.
         let since = self.since.timestamp_millis().saturating_mul(1000);
-        self.latency.observe_all(events.iter().filter_map(|e| {
-            let ts = e.ts.timestamp_micros();
-            (ts >= since).then(|| Duration::from_micros(u64::try_from(now - ts).unwrap_or(0)))
-        }));
+        self.latency.observe_all(
+            ts_micros
+                .filter(|ts| *ts >= since)
+                .map(|ts| Duration::from_micros(u64::try_from(now - ts).unwrap_or(0))),
+        );
     }
 }
 
@@ -325,6 +340,17 @@ mod tests {
         assert!(
             sum >= least - Duration::from_millis(2) && sum <= least + slack + Duration::from_millis(50),
             "{sum:?}"
+        );
+        // The same events given by their commit times, as a live page holds them.
+        let micros: Vec<i64> = evs.iter().map(|e| e.ts.timestamp_micros()).collect();
+        d.delivered_at(&micros);
+        let counted: u64 = cells.counts.iter().map(|c| c.load(Relaxed)).sum();
+        assert_eq!(counted, 4, "the same two recorded again, the one from before left out again");
+        let twice = Duration::from_nanos(cells.sum_nanos.load(Relaxed));
+        assert!(
+            twice >= sum + least - Duration::from_millis(2)
+                && twice <= sum + least + slack + Duration::from_millis(60),
+            "{twice:?}"
         );
     }
 

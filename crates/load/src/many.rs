@@ -256,10 +256,13 @@ async fn pair(setup: &Setup<'_>) -> (f64, f64) {
     let mut floor = support::floor().await;
     let bottom = pass(&floor, key, runs, secs, streaming, true).await;
     let _ = floor.child.kill().await;
-    println!("| server | appends/s achieved (offered) | ratio to offered | append sent → acknowledged (committed) p50 / p99 (ms) | append sent → receipt p50 / p99 (ms) | received / appended | server CPU | server RSS | live reads/s | live reads per append |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| server | appends/s achieved (offered) | ratio to offered | append sent → acknowledged (committed) p50 / p99 (ms) | append sent → receipt p50 / p99 (ms) | received / appended | server CPU | PostgreSQL CPU | load tool CPU | server RSS | live reads/s | live reads per append |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     println!("{}", service.row("agent-stream"));
     println!("{}", bottom.row("floor (no service, see `floor`)"));
+    if let Some((per_s, events)) = service.commits {
+        println!("agent-stream: {per_s:.0} transactions/s, {events:.1} events each");
+    }
     println!(
         "receipt p99: {:.2}× the floor's ({:.2} against {:.2} ms); target p99 ≤ {TARGET_MS} ms",
         service.receipt.1 / bottom.receipt.1.max(f64::MIN_POSITIVE),
@@ -301,10 +304,14 @@ struct Pass {
     began: chrono::DateTime<chrono::Utc>,
     received: usize,
     appended: u64,
-    cpu: f64,
+    /// Cores used by the server, every `postgres` process, and this load tool, over the
+    /// same window: the machine has two, and a queue forms when the three fill them.
+    cores: support::Cores,
     rss_mib: f64,
     /// Live reads per second and per append; `None` for the floor, which reads nothing.
     reads: Option<(f64, f64)>,
+    /// Transactions committed per second, and events per transaction; `None` for the floor.
+    commits: Option<(f64, f64)>,
 }
 
 impl Pass {
@@ -314,7 +321,7 @@ impl Pass {
             None => "- | -".to_owned(),
         };
         format!(
-            "| {server} | {:.0} ({:.0}) | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {} / {} | {:.0}% | {:.0} MiB | {reads} |",
+            "| {server} | {:.0} ({:.0}) | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {} / {} | {:.0}% | {:.0}% | {:.0}% | {:.0} MiB | {reads} |",
             self.achieved,
             self.offered,
             self.achieved / self.offered,
@@ -324,7 +331,9 @@ impl Pass {
             self.receipt.1,
             self.received,
             self.appended,
-            100.0 * self.cpu,
+            100.0 * self.cores.server,
+            100.0 * self.cores.postgres,
+            100.0 * self.cores.load,
             self.rss_mib,
         )
     }
@@ -383,7 +392,8 @@ async fn pass(
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut watch = Conn::open(&server.base).await.expect("connect");
     let reads0 = support::scrape(&mut watch, "agent_stream_live_reads_total").await;
-    let (cpu0, wall0) = (support::cpu_secs(server.pid), Instant::now());
+    let commits0 = support::scrape(&mut watch, "agent_stream_commit_groups_total").await;
+    let (meter, wall0) = (support::CpuMeter::start(Some(server.pid)), Instant::now());
     let began = chrono::Utc::now();
     // The producers: one connection each, an append every 50 ms for `secs`.
     let sent: Arc<Mutex<HashMap<(usize, i64), u64>>> = Default::default();
@@ -443,8 +453,9 @@ async fn pass(
             break;
         }
     }
-    let (cpu, wall) = (support::cpu_secs(server.pid) - cpu0, wall0.elapsed().as_secs_f64());
+    let (cores, wall) = (meter.cores(), wall0.elapsed().as_secs_f64());
     let reads = support::scrape(&mut watch, "agent_stream_live_reads_total").await - reads0;
+    let commits = support::scrape(&mut watch, "agent_stream_commit_groups_total").await - commits0;
     let rss = support::status_kib(server.pid, "VmRSS:");
     let _ = stop.send(true);
     let sent = std::mem::take(&mut *sent.lock().unwrap_or_else(|p| p.into_inner()));
@@ -484,8 +495,9 @@ async fn pass(
         settled: (support::pct(&mut settled, 0.5), support::pct(&mut settled, 0.99)),
         received,
         appended,
-        cpu: cpu / wall,
+        cores,
         rss_mib: rss as f64 / 1024.0,
         reads: (!floor).then(|| (reads / wall, reads / appended.max(1) as f64)),
+        commits: (!floor).then(|| (commits / wall, appended as f64 / commits.max(1.0))),
     }
 }

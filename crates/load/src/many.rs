@@ -8,7 +8,9 @@
 //! (`detail=full`, so every event is a frame and its receipt can be timed). Reported:
 //! the appends achieved against those offered (each producer's answered appends over
 //! its own span, summed), append sent → receipt p50/p99 (receipt timed at the socket
-//! read), events received against appended, the server's CPU and RSS, live-delivery
+//! read), events received against appended, the cores used by the server, by every
+//! `postgres` process and by this tool (they share the machine), the server's RSS, the
+//! service's transactions a second and events in each, live-delivery
 //! SELECTs per second and per append (at most one read per run wake-up is the target),
 //! the receipt p50/p99 of the appends sent once the pass has settled ([`SETTLING`]
 //! after its first), and the receipt p99 of each second's appends, by when they were

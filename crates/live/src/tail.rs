@@ -229,7 +229,6 @@ impl Tail {
                 return None;
             }
             if self.catching_up {
-                self.live.feeds.count_read();
                 let all = Filter::default();
                 let read = agent_stream_store::events::page(
                     &self.live.db,
@@ -239,7 +238,12 @@ impl Tail {
                     PAGE,
                     &all,
                 );
-                match read.await {
+                // Counted once it is made, not when it starts: a count that has
+                // reached every joiner's read then says none of them can still see an
+                // append that comes after (the fold test waits on it).
+                let read = read.await;
+                self.live.feeds.count_read();
+                match read {
                     Ok((run, evs)) => {
                         // Caught up once the read reaches the run's last seq as it was
                         // when the read began: whatever commits later comes as a feed

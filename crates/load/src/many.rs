@@ -10,7 +10,10 @@
 //! its own span, summed), append sent → receipt p50/p99 (receipt timed at the socket
 //! read), events received against appended, the cores used by the server, by every
 //! `postgres` process and by this tool (they share the machine), the server's RSS, the
-//! service's transactions a second and events in each, live-delivery
+//! service's transactions a second and events in each, the server threads' time spent
+//! runnable but waiting for a core per second they ran (`support::runqueue_wait_secs`:
+//! what the other processes on the two cores cost the server; the floor's row has its
+//! own), live-delivery
 //! SELECTs per second and per append (at most one read per run wake-up is the target),
 //! the receipt p50/p99 of the appends sent once the pass has settled ([`SETTLING`]
 //! after its first), and the receipt p99 of each second's appends, by when they were
@@ -258,8 +261,8 @@ async fn pair(setup: &Setup<'_>) -> (f64, f64) {
     let mut floor = support::floor().await;
     let bottom = pass(&floor, key, runs, secs, streaming, true).await;
     let _ = floor.child.kill().await;
-    println!("| server | appends/s achieved (offered) | ratio to offered | append sent → acknowledged (committed) p50 / p99 (ms) | append sent → receipt p50 / p99 (ms) | received / appended | server CPU | PostgreSQL CPU | load tool CPU | server RSS | live reads/s | live reads per append |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| server | appends/s achieved (offered) | ratio to offered | append sent → acknowledged (committed) p50 / p99 (ms) | append sent → receipt p50 / p99 (ms) | received / appended | server CPU | PostgreSQL CPU | load tool CPU | server RSS | live reads/s | live reads per append | server's wait for a core per second run |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     println!("{}", service.row("agent-stream"));
     println!("{}", bottom.row("floor (no service, see `floor`)"));
     if let Some((per_s, events)) = service.commits {
@@ -323,7 +326,7 @@ impl Pass {
             None => "- | -".to_owned(),
         };
         format!(
-            "| {server} | {:.0} ({:.0}) | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {} / {} | {:.0}% | {:.0}% | {:.0}% | {:.0} MiB | {reads} |",
+            "| {server} | {:.0} ({:.0}) | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {} / {} | {:.0}% | {:.0}% | {:.0}% | {:.0} MiB | {reads} | {:.2} |",
             self.achieved,
             self.offered,
             self.achieved / self.offered,
@@ -337,6 +340,7 @@ impl Pass {
             100.0 * self.cores.postgres,
             100.0 * self.cores.load,
             self.rss_mib,
+            self.cores.server_waiting / self.cores.server.max(f64::MIN_POSITIVE),
         )
     }
 }

@@ -195,6 +195,18 @@ pub fn postgres_cpu_secs() -> f64 {
     secs
 }
 
+/// Seconds the threads of `pid` have spent runnable but waiting for a core, so far
+/// (the second field of each thread's `/proc/<pid>/task/<tid>/schedstat`, in ns); 0 when
+/// the kernel keeps no scheduler statistics. A thread that has exited no longer counts.
+pub fn runqueue_wait_secs(pid: u32) -> f64 {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
+    dir.flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .sum::<f64>()
+        / 1e9
+}
+
 /// Cores used over a window by the database, this load tool and the measured server.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Cores {
@@ -204,6 +216,11 @@ pub struct Cores {
     pub load: f64,
     /// The server measured (0 without one).
     pub server: f64,
+    /// The server's threads' time runnable but not on a core, in cores (its seconds of
+    /// waiting a second): how much of its time the machine's other processes take. A
+    /// wait is paid per wake-up, so it costs latency in proportion to how many turns a
+    /// delivery needs, not to this figure alone.
+    pub server_waiting: f64,
 }
 
 impl Cores {
@@ -220,7 +237,8 @@ pub struct CpuMeter {
     t0: Instant,
     postgres: f64,
     load: f64,
-    server: Option<(u32, f64)>,
+    /// The server's pid, CPU seconds and run-queue wait at the start.
+    server: Option<(u32, f64, f64)>,
 }
 
 impl CpuMeter {
@@ -230,7 +248,7 @@ impl CpuMeter {
             t0: Instant::now(),
             postgres: postgres_cpu_secs(),
             load: cpu_secs(std::process::id()),
-            server: server.map(|pid| (pid, cpu_secs(pid))),
+            server: server.map(|pid| (pid, cpu_secs(pid), runqueue_wait_secs(pid))),
         }
     }
 
@@ -240,7 +258,8 @@ impl CpuMeter {
         Cores {
             postgres: (postgres_cpu_secs() - self.postgres) / secs,
             load: (cpu_secs(std::process::id()) - self.load) / secs,
-            server: self.server.map_or(0.0, |(pid, at)| (cpu_secs(pid) - at) / secs),
+            server: self.server.map_or(0.0, |(pid, at, _)| (cpu_secs(pid) - at) / secs),
+            server_waiting: self.server.map_or(0.0, |(pid, _, w)| (runqueue_wait_secs(pid) - w) / secs),
         }
     }
 }
@@ -515,8 +534,32 @@ mod tests {
         );
         assert!(during.load < 0.3, "this test sleeps: {during:?}");
         assert_eq!(during.server, 0.0);
-        let (pg, _, _) = Cores { postgres: 0.5, load: 0.0, server: 0.0 }.per_item_us(10_000.0);
+        let (pg, _, _) = Cores { postgres: 0.5, ..Cores::default() }.per_item_us(10_000.0);
         assert_eq!(pg, 50.0, "half a core over 10,000 rows/s is 50 µs a row");
+    }
+
+    #[test]
+    fn run_queue_wait_shows_more_busy_processes_than_cores() {
+        // One busy process more than there are cores: together they wait about a core's
+        // worth of time for one, which the per-thread scheduler statistics show.
+        let n = std::thread::available_parallelism().map_or(2, |n| n.get()) + 1;
+        let mut kids: Vec<_> = (0..n)
+            .map(|_| {
+                std::process::Command::new("yes").stdout(std::process::Stdio::null()).spawn().expect("spawn")
+            })
+            .collect();
+        let waited =
+            |kids: &[std::process::Child]| kids.iter().map(|k| runqueue_wait_secs(k.id())).sum::<f64>();
+        let before = waited(&kids);
+        std::thread::sleep(Duration::from_millis(600));
+        let wait = waited(&kids) - before;
+        for k in &mut kids {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+        assert!(wait > 0.15, "{n} busy processes waited {wait:.3} s for a core in 0.6 s");
+        assert!(wait < 0.6 * n as f64, "no process waits longer than the window: {wait:.3} s");
+        assert_eq!(runqueue_wait_secs(u32::MAX), 0.0, "no such process");
     }
 
     #[test]

@@ -76,6 +76,18 @@ fn service(r: &mut Registry, app: &App) {
         m.append_seconds.clone(),
     );
     r.register("commit_group_size", "Appends committed per transaction", m.commit_group_size.clone());
+    r.register_with_unit(
+        "commit_wait",
+        "Seconds an append waited in its group-commit lane before its group went out",
+        Unit::Seconds,
+        m.commit_wait_seconds.clone(),
+    );
+    r.register_with_unit(
+        "commit_duration",
+        "Seconds a group-commit lane's group took from going out to its answers",
+        Unit::Seconds,
+        m.commit_seconds.clone(),
+    );
     r.register(
         "subscribers",
         "Open live subscriptions (SSE streams, GraphQL runEvents and runView), by transport",

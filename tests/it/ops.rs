@@ -140,6 +140,15 @@ async fn metrics_histograms_move_with_appends_deliveries_and_requests() {
     assert!(metric_with(&after, "agent_stream_append_duration_seconds_sum", &[("outcome", "written")]) > 0.0);
     assert_eq!(metric(&after, "agent_stream_commit_group_size_count"), 2.0);
     assert_eq!(metric_with(&after, "agent_stream_commit_group_size_bucket", &[("le", "1.0")]), 2.0);
+    // Each append went out as a group of its own: two waits in the lane, two groups, and
+    // neither is longer than the appends took in the service.
+    let took = metric_with(&after, "agent_stream_append_duration_seconds_sum", &[("outcome", "written")]);
+    for name in ["agent_stream_commit_wait_seconds", "agent_stream_commit_duration_seconds"] {
+        assert_eq!(metric(&after, &format!("{name}_count")), 2.0, "{name}");
+        let sum = metric(&after, &format!("{name}_sum"));
+        assert!((0.0..=took).contains(&sum), "{name}: {sum} s against {took} s in all");
+    }
+    assert!(metric(&after, "agent_stream_commit_duration_seconds_sum") > 0.0, "a commit takes time");
     assert_eq!(count("agent_stream_delivery_latency_seconds", &[("transport", "sse")]), 2.0);
     assert_eq!(count("agent_stream_delivery_latency_seconds", &[("transport", "graphql_ws")]), 2.0);
     assert!(metric(&after, "agent_stream_notification_lag_seconds_count") >= 1.0);

@@ -83,6 +83,8 @@ struct Job {
     /// How it picked its lane, which says what waiting costs it: a single append's
     /// producer waits idle for its answer, a stream reads on and sends more next group.
     spread: Spread,
+    /// When it reached its lane's queue, for the lane's wait metric.
+    queued: std::time::Instant,
 }
 
 /// The lanes of a process.
@@ -135,6 +137,7 @@ impl GroupCommit {
             reply,
             span: tracing::Span::current(),
             spread,
+            queued: std::time::Instant::now(),
         };
         let mut answer = Awaited { answer, guards: &self.guards, tenant, run_id: &run_id };
         self.lanes[lane]
@@ -292,8 +295,20 @@ async fn lane(db: Db, guards: Arc<Guards>, metrics: Arc<Metrics>, mut rx: mpsc::
     }
 }
 
-/// Commits `jobs`, one transaction per tenant, and gives their answers.
+/// Commits `jobs`, one transaction per tenant, and gives their answers; the appends'
+/// wait in the lane and the group's time go to the metrics, which split an append's time
+/// between the queue and the commit (under many-runs the queue was most of it:
+/// docs/benchmarks-log.md, 2026-12-03 14:25).
 async fn commit_jobs(db: &Db, guards: &Guards, metrics: &Metrics, jobs: Vec<Job>) -> Vec<Answered> {
+    let out = std::time::Instant::now();
+    metrics.commit_wait_seconds.observe_all(jobs.iter().map(|j| out.saturating_duration_since(j.queued)));
+    let answered = commit_tenants(db, guards, metrics, jobs).await;
+    metrics.commit_seconds.observe_all([out.elapsed()]);
+    answered
+}
+
+/// Commits `jobs`, one transaction per tenant, without the metrics' clock around them.
+async fn commit_tenants(db: &Db, guards: &Guards, metrics: &Metrics, jobs: Vec<Job>) -> Vec<Answered> {
     // One transaction per tenant, appends in arrival order.
     let mut by_tenant: Vec<(String, Vec<Job>)> = vec![];
     for j in jobs {

@@ -172,6 +172,10 @@ pub struct Metrics {
     pub append_seconds: Family<Outcome, Histogram, fn() -> Histogram>,
     /// Appends per committed transaction.
     pub commit_group_size: Histogram,
+    /// Seconds an append waited in its group-commit lane before its group went out.
+    pub commit_wait_seconds: Latencies,
+    /// Seconds a lane's group took from going out to its answers.
+    pub commit_seconds: Latencies,
     /// Seconds from a NOTIFY's sending to its receipt by this process's listener.
     pub notify_lag_seconds: Histogram,
     /// Seconds from an event's append (its server timestamp) to its hand-over to a
@@ -200,6 +204,8 @@ impl Default for Metrics {
             graphql_renders: AtomicU64::default(),
             append_seconds: Family::new_with_constructor(latency),
             commit_group_size: sizes(),
+            commit_wait_seconds: Latencies::default(),
+            commit_seconds: Latencies::default(),
             notify_lag_seconds: latency(),
             delivery_seconds: Family::default(),
             subscribers_by: Family::default(),

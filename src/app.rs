@@ -287,20 +287,24 @@ impl App {
     }
 
     /// Appends a producer's batch (a request's: its group-commit lane is its tenant's).
-    #[tracing::instrument(name = "append", skip_all, fields(run_id = %run_id, events = batch.events.len()))]
     pub async fn append(&self, who: &Principal, run_id: &str, batch: &Batch) -> Result<AppendOutcome> {
-        self.append_in(who, run_id, batch, storage::group::Spread::ByTenant).await
+        use tracing::Instrument;
+        self.append_in(who, run_id, batch, storage::group::Spread::ByTenant)
+            .instrument(append_span(run_id, batch))
+            .await
     }
 
     /// Appends a group of a streaming append (its group-commit lane is its run's).
-    #[tracing::instrument(name = "append", skip_all, fields(run_id = %run_id, events = batch.events.len()))]
     pub async fn append_streamed(
         &self,
         who: &Principal,
         run_id: &str,
         batch: &Batch,
     ) -> Result<AppendOutcome> {
-        self.append_in(who, run_id, batch, storage::group::Spread::ByRun).await
+        use tracing::Instrument;
+        self.append_in(who, run_id, batch, storage::group::Spread::ByRun)
+            .instrument(append_span(run_id, batch))
+            .await
     }
 
     /// Either append, in the group-commit lane `spread` picks (when it goes to a lane).
@@ -324,7 +328,7 @@ impl App {
                 use tracing::Instrument;
                 let (db, guards, tenant) = (&self.db, &self.guards, &who.tenant_id);
                 storage::group::append_alone(db, guards, tenant, run_id, batch, Origin::Producer)
-                    .instrument(tracing::info_span!("commit", appends = 1))
+                    .instrument(tracing::info_span!(target: storage::TRACES, "commit", appends = 1))
                     .await
             }
         };
@@ -369,7 +373,8 @@ impl App {
     /// Tells live subscribers (here and in other processes) about a write.
     fn committed(&self, who: &Principal, run_id: &str, out: &AppendOutcome) {
         if let (false, Ok(run_id)) = (out.replayed, runs::parse_run_id(run_id)) {
-            let _span = tracing::info_span!("notify", last_seq = out.last_seq).entered();
+            let _span =
+                tracing::info_span!(target: storage::TRACES, "notify", last_seq = out.last_seq).entered();
             self.traces.appended(&run_id, out.first_seq, out.last_seq);
             self.live.committed(&who.tenant_id, &run_id, out.last_seq);
         }
@@ -484,6 +489,11 @@ impl App {
         self.committed(who, run_id, &out);
         Ok(out)
     }
+}
+
+/// An append's span, for traces only ([`storage::TRACES`]).
+fn append_span(run_id: &str, batch: &Batch) -> tracing::Span {
+    tracing::info_span!(target: storage::TRACES, "append", run_id = %run_id, events = batch.events.len())
 }
 
 /// Refuses a resume cursor that names events the run does not have: a client that

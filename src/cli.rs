@@ -289,7 +289,9 @@ fn init_tracing() {
             None
         }
     };
-    tracing_subscriber::registry().with(layers(filter, json, otel, std::io::stderr)).init();
+    use std::io::IsTerminal;
+    let ansi = std::io::stderr().is_terminal();
+    tracing_subscriber::registry().with(layers(filter, json, otel, std::io::stderr, ansi)).init();
 }
 
 /// A layer of the service's subscriber.
@@ -306,12 +308,13 @@ fn layers<W>(
     json: bool,
     otel: Option<BoxedLayer>,
     writer: W,
+    ansi: bool,
 ) -> Vec<BoxedLayer>
 where
     W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
 {
     use tracing_subscriber::Layer;
-    let log = tracing_subscriber::fmt::layer().with_writer(writer);
+    let log = tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(ansi);
     let log = if json {
         log.json().with_filter(log_filter(filter)).boxed()
     } else {
@@ -321,7 +324,8 @@ where
 }
 
 /// What the log layer takes: `filter`, and never the PostgreSQL driver's debug output,
-/// which carries each statement's parameters (event payloads and API key hashes).
+/// which carries each statement's parameters (event payloads and API key hashes), nor
+/// the spans only traces want ([`crate::storage::TRACES`]).
 ///
 /// One filter made of the two, not one layer filtered twice: with nested per-layer
 /// filters the registry built every span the inner filter refused.
@@ -338,7 +342,9 @@ where
     let no_parameters =
         filter_fn(|m| !(m.target().starts_with("tokio_postgres") && *m.level() > tracing::Level::INFO))
             .with_max_level_hint(LevelFilter::TRACE);
-    filter.and(no_parameters)
+    let no_trace_spans =
+        filter_fn(|m| m.target() != crate::storage::TRACES).with_max_level_hint(LevelFilter::TRACE);
+    filter.and(no_parameters).and(no_trace_spans)
 }
 
 /// One `--cors-origin`: `*` (any origin) or `scheme://host[:port]`, as browsers send it
@@ -819,6 +825,7 @@ mod tests {
                 false,
                 None,
                 std::io::sink,
+                false,
             ))
         };
         tracing::subscriber::with_default(log("error"), || {
@@ -833,9 +840,56 @@ mod tests {
         assert_eq!(log("debug").max_level_hint(), Some(LevelFilter::DEBUG));
         tracing::subscriber::with_default(log("debug"), || {
             assert!(!tracing::info_span!("request").is_disabled());
+            // The spans only traces want are not built for the log, at any level.
+            assert!(tracing::info_span!(target: crate::storage::TRACES, "append").is_disabled());
             assert!(!tracing::enabled!(target: "tokio_postgres::query", tracing::Level::DEBUG));
             assert!(tracing::enabled!(target: "tokio_postgres::connection", tracing::Level::INFO));
         });
+    }
+
+    /// A log line written inside a request (an internal error's, say) carries the
+    /// request span's context and none of the trace-only spans', as plain text when the
+    /// log is not a terminal.
+    #[test]
+    fn a_log_line_has_the_requests_context_in_plain_text() {
+        use std::sync::{Arc, Mutex};
+        use tracing_subscriber::filter::EnvFilter;
+        use tracing_subscriber::prelude::*;
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        for ansi in [false, true] {
+            let buf = Buf::default();
+            let writer = buf.clone();
+            let log = tracing_subscriber::registry().with(super::layers(
+                EnvFilter::new("info"),
+                false,
+                None,
+                move || writer.clone(),
+                ansi,
+            ));
+            tracing::subscriber::with_default(log, || {
+                let request = tracing::info_span!("request", method = "POST", path = "/v1/runs/R/events");
+                let _r = request.enter();
+                let append = tracing::info_span!(target: crate::storage::TRACES, "append", events = 7);
+                let _a = append.enter();
+                tracing::error!(error = "boom", "internal error");
+            });
+            let text =
+                String::from_utf8(buf.0.lock().unwrap_or_else(|p| p.into_inner()).clone()).expect("utf-8");
+            assert!(text.contains("internal error"), "{text}");
+            assert!(text.contains("/v1/runs/R/events"), "the request's context: {text}");
+            assert!(!text.contains("events=7") && !text.contains("append"), "a trace-only span: {text}");
+            assert_eq!(text.contains('\x1b'), ansi, "escape codes only for a terminal: {text:?}");
+        }
     }
 
     #[test]

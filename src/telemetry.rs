@@ -148,7 +148,8 @@ impl Traces {
                 .and_then(|v| v.iter().find(|(f, l, _)| (*f..=*l).contains(&seq)).map(|(_, _, c)| c.clone()))
         };
         if let Some(cx) = cx {
-            let span = tracing::info_span!("deliver", run_id = run, seq, transport);
+            let span =
+                tracing::info_span!(target: crate::storage::TRACES, "deliver", run_id = run, seq, transport);
             let _ = span.set_parent(cx);
             span.in_scope(|| {});
         }

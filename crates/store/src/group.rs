@@ -386,8 +386,7 @@ async fn commit_group(
     }
     // One transaction for every append of the group: in the first one's trace, linked
     // from the others'.
-    let span =
-        tracing::info_span!(parent: jobs.first().and_then(|j| j.span.id()), "commit", appends = jobs.len());
+    let span = tracing::info_span!(target: crate::TRACES, parent: jobs.first().and_then(|j| j.span.id()), "commit", appends = jobs.len());
     for j in jobs.iter().skip(1) {
         span.follows_from(j.span.id());
     }

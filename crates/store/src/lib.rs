@@ -28,6 +28,14 @@ pub mod tenants;
 pub mod tls;
 
 pub use append::{append, AppendOutcome, Guards};
+
+/// The target of the spans only traces want (an append, its commit, its notification,
+/// a delivery): the log leaves them out, and with no OpenTelemetry exporter they are not
+/// built at all. The log's lines keep the request span's context (method, path, request
+/// id, whose path names the run); formatting these spans' fields for a log that seldom
+/// prints them was 15% of a single append's instructions at the default level
+/// (docs/benchmarks-log.md, 2026-12-05 18:00).
+pub const TRACES: &str = "agent_stream::traces";
 pub use db::{Db, DbConfig};
 pub use runs::RunInfo;
 

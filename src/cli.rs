@@ -330,7 +330,7 @@ where
 /// One filter made of the two, not one layer filtered twice: with nested per-layer
 /// filters the registry built every span the inner filter refused.
 ///
-/// The driver rule declares that it passes every level, so the pair's level hint is
+/// The exclusions declare that it passes every level, so the pair's level hint is
 /// `filter`'s (without a hint it would be none, i.e. TRACE): below it, `debug!` and the
 /// `log` records of dependencies (the driver's, per statement) stop at a level check
 /// instead of reaching the filters on every call.
@@ -339,12 +339,12 @@ where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
     use tracing_subscriber::filter::{filter_fn, FilterExt, LevelFilter};
-    let no_parameters =
-        filter_fn(|m| !(m.target().starts_with("tokio_postgres") && *m.level() > tracing::Level::INFO))
-            .with_max_level_hint(LevelFilter::TRACE);
-    let no_trace_spans =
-        filter_fn(|m| m.target() != crate::storage::TRACES).with_max_level_hint(LevelFilter::TRACE);
-    filter.and(no_parameters).and(no_trace_spans)
+    let kept = filter_fn(|m| {
+        let parameters = m.target().starts_with("tokio_postgres") && *m.level() > tracing::Level::INFO;
+        !parameters && m.target() != crate::storage::TRACES
+    })
+    .with_max_level_hint(LevelFilter::TRACE);
+    filter.and(kept)
 }
 
 /// One `--cors-origin`: `*` (any origin) or `scheme://host[:port]`, as browsers send it

@@ -28,6 +28,10 @@ pub mod tenants;
 pub mod tls;
 
 pub use append::{append, AppendOutcome, Guards};
+pub use db::{Db, DbConfig};
+pub use runs::RunInfo;
+
+pub use error::{Error, ErrorCode, Rejection, Result};
 
 /// The target of the spans only traces want (an append, its commit, its notification,
 /// a delivery): the log leaves them out, and with no OpenTelemetry exporter they are not
@@ -36,7 +40,3 @@ pub use append::{append, AppendOutcome, Guards};
 /// prints them was 15% of a single append's instructions at the default level
 /// (docs/benchmarks-log.md, 2026-12-05 18:00).
 pub const TRACES: &str = "agent_stream::traces";
-pub use db::{Db, DbConfig};
-pub use runs::RunInfo;
-
-pub use error::{Error, ErrorCode, Rejection, Result};

@@ -52,13 +52,15 @@ where
 {
     let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL);
     let job = tokio::spawn(produce(tx));
+    // The request's: the body is polled outside it (`super::traced`).
+    let span = tracing::Span::current();
     let outcome = futures::stream::once(async move {
         let failed = match job.await {
             Ok(Ok(_)) => return None,
             Ok(Err(e)) => e.to_string(),
             Err(e) => e.to_string(),
         };
-        tracing::warn!(error = %failed, "JSONL export stopped early; cutting the response off");
+        tracing::warn!(parent: &span, error = %failed, "JSONL export stopped early; cutting the response off");
         Some(Err(std::io::Error::other(format!("export failed: {failed}"))))
     })
     .filter_map(futures::future::ready);

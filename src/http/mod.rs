@@ -19,6 +19,7 @@ mod runs;
 mod seed;
 mod sse;
 mod stream;
+mod traced;
 mod ui;
 mod ws;
 
@@ -29,8 +30,6 @@ use axum::routing::{get, post};
 use axum::Router;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::{DefaultOnResponse, TraceLayer};
-use tracing::Level;
 
 use crate::app::AppRef;
 use crate::error::{Error, ErrorCode};
@@ -73,7 +72,12 @@ pub fn router(app: AppRef) -> Router {
                 format!("this route does not answer {method}; the Allow header lists the methods it does"),
             ))
         })
-        .fallback(|| async { error::HttpError::from(Error::reject(ErrorCode::NotFound, "no such route; see the README for the API")) })
+        .fallback(|| async {
+            error::HttpError::from(Error::reject(
+                ErrorCode::NotFound,
+                "no such route; see the README for the API",
+            ))
+        })
         .with_state(app.clone())
         // One `layer` call for the whole stack: each call wraps every route in a box of
         // its own, cloned and called through on every request (six of them cost a
@@ -82,17 +86,7 @@ pub fn router(app: AppRef) -> Router {
         .layer(
             tower::ServiceBuilder::new()
                 .layer(SetRequestIdLayer::new(REQUEST_ID.clone(), MakeRequestUuid))
-                .layer(
-                    // Log method and path only: query strings may carry `access_token`.
-                    TraceLayer::new_for_http()
-                        .make_span_with(|req: &axum::http::Request<_>| {
-                            let id = req.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("-");
-                            let span = tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id);
-                            crate::telemetry::continue_trace(&span, req.headers());
-                            span
-                        })
-                        .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
-                )
+                .layer(traced::TracedLayer::new(REQUEST_ID.clone()))
                 .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
                 .layer(cors)
                 .layer(edge::EdgeLayer::new(app.metrics.clone())),

@@ -52,6 +52,8 @@ struct Paced {
     speed: f64,
     page: std::collections::VecDeque<Event>,
     last_ts: Option<DateTime<Utc>>,
+    /// The request's span: the stream is polled outside it (`super::traced`).
+    span: tracing::Span,
 }
 
 impl Source for Paced {
@@ -69,7 +71,7 @@ impl Source for Paced {
                 Ok((_, evs)) if !evs.is_empty() => self.page.extend(evs),
                 Ok(_) => return None,
                 Err(e) => {
-                    tracing::warn!(error = %e, "replay read failed; closing (resume with Last-Event-ID)");
+                    tracing::warn!(parent: &self.span, error = %e, "replay read failed; closing (resume with Last-Event-ID)");
                     return None;
                 }
             }
@@ -142,6 +144,7 @@ pub(crate) async fn replay(
         speed,
         page: Default::default(),
         last_ts: None,
+        span: tracing::Span::current(),
     };
     // Replay shows every event at its pace: no merging, no shedding.
     let shedder = Shedder::new(Shedding::default(), false);

@@ -204,6 +204,13 @@ async fn jsonl_export_payloads_are_compact_like_every_other_surface() {
 /// Starts `serve` with `AGENT_STREAM_LOG=filter`, asks it one request, stops it and
 /// returns what it logged.
 async fn serve_log(t: &TestApp, filter: &str) -> String {
+    let (child, _) = serve_logging(t, filter).await;
+    stop_for_log(child).await
+}
+
+/// Starts `serve` with `AGENT_STREAM_LOG=filter` and its stderr piped; returns it and its
+/// base URL once it answers.
+async fn serve_logging(t: &TestApp, filter: &str) -> (tokio::process::Child, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agent-stream"))
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--schema", &t.db.schema])
@@ -225,10 +232,53 @@ async fn serve_log(t: &TestApp, filter: &str) -> String {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(up, "server started");
+    (child, base)
+}
+
+/// Stops `child` gracefully and returns what it logged.
+async fn stop_for_log(child: tokio::process::Child) -> String {
     let pid = nix::unistd::Pid::from_raw(child.id().expect("pid") as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
     let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output()).await.expect("stops");
     String::from_utf8_lossy(&out.expect("output").stderr).into_owned()
+}
+
+/// A live stream's body is polled outside its request's span (`src/http/traced.rs`), so
+/// what the stream logs later must name that span itself: the line that says a revoked
+/// key closed the stream carries the stream's path and request id, as the README says.
+#[tokio::test]
+async fn a_live_streams_log_line_carries_its_requests_context() {
+    use agent_stream::auth::Scope;
+    use agent_stream::storage::tenants;
+    use futures::StreamExt;
+    let t = TestApp::new().await;
+    let key = t.key_for_a(&[Scope::Read]).await;
+    let run = t.create_run(&t.key_a).await;
+    let (child, base) = serve_logging(&t, "info,tokio_postgres=warn").await;
+    let path = format!("/v1/runs/{run}/stream");
+    let r = t
+        .http
+        .get(format!("{base}{path}"))
+        .bearer_auth(&key.secret)
+        .header("x-request-id", "stream-under-test")
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(r.status(), StatusCode::OK);
+    let mut body = r.bytes_stream();
+    let owner = t.db.owner().await;
+    assert!(tenants::revoke_key(&owner, &key.key_id).await.expect("revoke"));
+    // The stream closes within the key cache's 2 s and its re-check's 2 s.
+    let closed =
+        tokio::time::timeout(Duration::from_secs(10), async { while let Some(Ok(_)) = body.next().await {} })
+            .await;
+    assert!(closed.is_ok(), "the revoked key's stream closed");
+    let log = stop_for_log(child).await;
+    let line = log.lines().find(|l| l.contains("key revoked; closing its stream")).unwrap_or_else(|| {
+        panic!("the stream logged its close:\n{log}");
+    });
+    assert!(line.contains(&path), "the stream's path: {line}");
+    assert!(line.contains("stream-under-test"), "the stream's request id: {line}");
 }
 
 #[tokio::test]

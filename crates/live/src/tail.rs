@@ -52,6 +52,9 @@ pub struct Tail {
     /// The view at the cursor, while we render on our own (joining, after a gap or a
     /// lag); dropped once the feed's pages carry our rendering.
     private: Option<RunView>,
+    /// The span current when the tail was made (its request's): what it logs goes
+    /// there, since its stream is polled outside the span (`src/http/traced.rs`).
+    span: tracing::Span,
 }
 
 /// How often an open stream re-checks its key (revocation stops it within this plus
@@ -108,6 +111,7 @@ impl Tail {
             registration,
             ctx,
             private: view.filter(|v| v.seq == cursor),
+            span: tracing::Span::current(),
         }
     }
 
@@ -186,7 +190,7 @@ impl Tail {
                     Ok((_, v)) if v.seq == before => v,
                     Ok(_) => return None,
                     Err(e) => {
-                        tracing::warn!(error = %e, run = %self.run_id, "reading the view to render from failed; closing");
+                        tracing::warn!(parent: &self.span, error = %e, run = %self.run_id, "reading the view to render from failed; closing");
                         return None;
                     }
                 }
@@ -207,7 +211,7 @@ impl Tail {
             Ok(valid) => {
                 self.key_checked = tokio::time::Instant::now();
                 if !valid {
-                    tracing::info!(run = %self.run_id, key_id = %self.who.key_id, "key revoked; closing its stream");
+                    tracing::info!(parent: &self.span, run = %self.run_id, key_id = %self.who.key_id, "key revoked; closing its stream");
                 }
                 valid
             }
@@ -259,7 +263,7 @@ impl Tail {
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, run = %self.run_id, "live read failed; closing");
+                        tracing::warn!(parent: &self.span, error = %e, run = %self.run_id, "live read failed; closing");
                         return None;
                     }
                 }

@@ -111,9 +111,12 @@ where
         };
         let latency = this.started.elapsed();
         let status = resp.status();
-        // As tower-http's `TraceLayer` logged them: every answer at debug, a server error
-        // at error.
-        if status.is_server_error() {
+        // Every answer at debug and a server error at error, as tower-http's `TraceLayer`
+        // logged them; but a 503 at warn: it asks the client to retry (the database
+        // away, the process draining), and its cause is logged at warn where it arose.
+        if status == axum::http::StatusCode::SERVICE_UNAVAILABLE {
+            tracing::warn!(target: TARGET, parent: &span, status = status.as_u16(), ?latency, "response failed");
+        } else if status.is_server_error() {
             tracing::error!(target: TARGET, parent: &span, status = status.as_u16(), ?latency, "response failed");
         } else {
             tracing::debug!(target: TARGET, parent: &span, status = status.as_u16(), ?latency, "finished processing request");
@@ -158,5 +161,83 @@ impl HttpBody for SpanHeld {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    use tower::ServiceExt;
+    use tracing_subscriber::prelude::*;
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What each answer logs at `info`: nothing for a success, a warning for a 503 (the
+    /// client is to retry), an error for any other 5xx and for a body cut off by an
+    /// error; each line with its request's method, path and id.
+    #[test]
+    fn answers_are_logged_at_their_level_with_the_requests_context() {
+        let cut = || async {
+            let parts: Vec<Result<bytes::Bytes, std::io::Error>> =
+                vec![Ok(bytes::Bytes::from_static(b"part")), Err(std::io::Error::other("export failed"))];
+            axum::body::Body::from_stream(futures::stream::iter(parts))
+        };
+        let router = axum::Router::new()
+            .route("/ok", get(|| async { "fine" }))
+            .route("/busy", get(|| async { StatusCode::SERVICE_UNAVAILABLE }))
+            .route("/broken", get(|| async { StatusCode::INTERNAL_SERVER_ERROR }))
+            .route("/cut", get(cut))
+            .layer(super::TracedLayer::new(axum::http::HeaderName::from_static("x-request-id")));
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let log = tracing_subscriber::registry().with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(move || writer.clone())
+                .with_ansi(false)
+                .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+        );
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        tracing::subscriber::with_default(log, || {
+            rt.block_on(async {
+                for path in ["/ok", "/busy", "/broken", "/cut"] {
+                    let req = axum::http::Request::get(path)
+                        .header("x-request-id", format!("id{path}"))
+                        .body(axum::body::Body::empty())
+                        .expect("request");
+                    let resp = router.clone().oneshot(req).await.expect("infallible");
+                    // The body is read to its end (or its error), as hyper would.
+                    let _ = axum::body::to_bytes(resp.into_body(), 1 << 20).await;
+                }
+            })
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap_or_else(|p| p.into_inner()).clone()).expect("utf-8");
+        let line = |path: &str| text.lines().find(|l| l.contains(&format!("id{path}"))).map(str::to_owned);
+        assert_eq!(line("/ok"), None, "a success is not logged at info: {text}");
+        let busy = line("/busy").expect("a 503 is logged");
+        assert!(
+            busy.contains("WARN") && busy.contains("status=503") && busy.contains("path=/busy"),
+            "{busy}"
+        );
+        let broken = line("/broken").expect("a 500 is logged");
+        assert!(broken.contains("ERROR") && broken.contains("status=500"), "{broken}");
+        let cut = line("/cut").expect("a failed body is logged");
+        assert!(
+            cut.contains("ERROR") && cut.contains("export failed") && cut.contains("method=GET"),
+            "{cut}"
+        );
     }
 }

@@ -852,22 +852,10 @@ mod tests {
     /// log is not a terminal.
     #[test]
     fn a_log_line_has_the_requests_context_in_plain_text() {
-        use std::sync::{Arc, Mutex};
         use tracing_subscriber::filter::EnvFilter;
         use tracing_subscriber::prelude::*;
-        #[derive(Clone, Default)]
-        struct Buf(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Buf {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
         for ansi in [false, true] {
-            let buf = Buf::default();
+            let buf = crate::log_capture::LogBuf::default();
             let writer = buf.clone();
             let log = tracing_subscriber::registry().with(super::layers(
                 EnvFilter::new("info"),
@@ -883,8 +871,7 @@ mod tests {
                 let _a = append.enter();
                 tracing::error!(error = "boom", "internal error");
             });
-            let text =
-                String::from_utf8(buf.0.lock().unwrap_or_else(|p| p.into_inner()).clone()).expect("utf-8");
+            let text = buf.text();
             assert!(text.contains("internal error"), "{text}");
             assert!(text.contains("/v1/runs/R/events"), "the request's context: {text}");
             assert!(!text.contains("events=7") && !text.contains("append"), "a trace-only span: {text}");

@@ -54,6 +54,8 @@ pub mod cli;
 pub mod export;
 pub mod graphql;
 pub mod http;
+#[cfg(test)]
+mod log_capture;
 pub mod metrics;
 pub mod ratelimit;
 pub mod server;

@@ -166,25 +166,10 @@ impl HttpBody for SpanHeld {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use axum::http::StatusCode;
     use axum::routing::get;
     use tower::ServiceExt;
     use tracing_subscriber::prelude::*;
-
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
 
     /// What each answer logs at `info`: nothing for a success, a warning for a 503 (the
     /// client is to retry), an error for any other 5xx and for a body cut off by an
@@ -202,7 +187,7 @@ mod tests {
             .route("/broken", get(|| async { StatusCode::INTERNAL_SERVER_ERROR }))
             .route("/cut", get(cut))
             .layer(super::TracedLayer::new(axum::http::HeaderName::from_static("x-request-id")));
-        let buf = Buf::default();
+        let buf = crate::log_capture::LogBuf::default();
         let writer = buf.clone();
         let log = tracing_subscriber::registry().with(
             tracing_subscriber::fmt::layer()
@@ -224,7 +209,7 @@ mod tests {
                 }
             })
         });
-        let text = String::from_utf8(buf.0.lock().unwrap_or_else(|p| p.into_inner()).clone()).expect("utf-8");
+        let text = buf.text();
         let line = |path: &str| text.lines().find(|l| l.contains(&format!("id{path}"))).map(str::to_owned);
         assert_eq!(line("/ok"), None, "a success is not logged at info: {text}");
         let busy = line("/busy").expect("a 503 is logged");

@@ -1,0 +1,24 @@
+//! A log writer for unit tests that check what the log says: what is written, kept to read.
+
+use std::sync::{Arc, Mutex};
+
+/// The log's bytes; clones share them, so one goes to the subscriber's writer.
+#[derive(Clone, Default)]
+pub(crate) struct LogBuf(Arc<Mutex<Vec<u8>>>);
+
+impl LogBuf {
+    /// What has been written so far.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+    }
+}
+
+impl std::io::Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

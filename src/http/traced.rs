@@ -4,8 +4,8 @@
 //! Hand-written rather than tower-http's `TraceLayer`, which enters the request span on
 //! every poll of the response body as well. A live stream's body is polled once or more
 //! per page for every subscriber, and at the default log level (`info`, where the span
-//! is enabled) those entries cost ~2,200 instructions of the ~9,300 that one more
-//! subscriber of a page costs (docs/benchmarks-log.md, 2026-12-05 23:10). Here a body is
+//! is enabled) those entries cost ~2,000 instructions of the ~10,100 that one more
+//! subscriber of a page cost (docs/benchmarks-log.md, 2026-12-05 23:10). Here a body is
 //! polled outside the span; what a stream logs names its request's span as its parent
 //! (the span current when the stream was built), so its lines keep the request's context.
 
@@ -18,7 +18,7 @@ use std::time::Instant;
 use axum::body::{Body, HttpBody};
 use axum::extract::Request;
 use axum::http::HeaderName;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use tracing::Span;
 
 /// Where the request lines go: `AGENT_STREAM_LOG=...,agent_stream::requests=debug` shows them.
@@ -124,8 +124,6 @@ where
         Poll::Ready(Ok(resp.map(|inner| Body::new(SpanHeld { inner, span }))))
     }
 }
-
-use axum::response::IntoResponse;
 
 pin_project_lite::pin_project! {
     /// A response's body with its request's span, which ends when the body is dropped.

@@ -121,7 +121,7 @@ fn service(r: &mut Registry, app: &App) {
     counter(
         r,
         "notifications",
-        "Notifications this process's listener received for runs and tenants it serves (its own included)",
+        "Notification lines (a run or tenant each) this process's listener received: other processes' for runs and tenants it serves, and all of its own",
         m.notifications.load(Relaxed),
     );
     r.register_with_unit(

@@ -456,8 +456,12 @@ async fn listen_once(
                 Some((first, rest)) if first.starts_with("from ") => (own.trim_end() == first, rest),
                 _ => (false, payload.as_str()),
             };
+            if mine {
+                note_own(lines, metrics);
+                continue;
+            }
             for line in lines.lines() {
-                note_line(line, mine, hub, &secret, &mut watched, metrics, &mut runs, &mut tenants);
+                note_line(line, hub, &secret, &mut watched, metrics, &mut runs, &mut tenants);
             }
         }
         for t in &tenants {
@@ -479,12 +483,29 @@ async fn listen_once(
     Ok(())
 }
 
-/// One line of a notification: the run or tenant it names, if watched here, joins what
-/// is read (unless the line is this process's own), and its lag is measured.
-#[allow(clippy::too_many_arguments)]
+/// This process's own lines: their runs' subscribers here were woken when the append
+/// committed, so only their lag is measured, a line at a time as for other processes'
+/// lines. Their runs are not looked up: every line of a payload carries the time it was
+/// sent, and the lookups (two tokens hashed and compared per line) were ~3% of a
+/// streamed line's instructions under many-runs, where nearly every committed line of
+/// a run is one line here (docs/benchmarks-log.md, 2026-12-06).
+fn note_own(lines: &str, metrics: &Metrics) {
+    let Some(sent) =
+        lines.lines().next().and_then(|l| l.rsplit(' ').next()).and_then(|t| t.parse::<i64>().ok())
+    else {
+        return;
+    };
+    let lag = chrono::Utc::now().timestamp_millis().saturating_sub(sent).max(0);
+    let lag = std::time::Duration::from_millis(lag as u64);
+    for _ in lines.lines() {
+        metrics.notify_lag(lag);
+    }
+}
+
+/// One line of another process's notification: the run or tenant it names, if watched
+/// here, joins what is read, and its lag is measured.
 fn note_line(
     line: &str,
-    mine: bool,
     hub: &Hub,
     secret: &Secret,
     watched: &mut Watched,
@@ -505,9 +526,6 @@ fn note_line(
     if let Some(Ok(sent)) = parts.next().map(str::parse::<i64>) {
         let lag = chrono::Utc::now().timestamp_millis().saturating_sub(sent).max(0);
         metrics.notify_lag(std::time::Duration::from_millis(lag as u64));
-    }
-    if mine {
-        return;
     }
     if let Some(run) = run {
         runs.insert(run.clone());

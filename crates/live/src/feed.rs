@@ -27,8 +27,6 @@
 //! earlier.
 
 use std::any::Any;
-// foldhash, not SipHash: why, in the workspace Cargo.toml.
-use foldhash::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -40,6 +38,7 @@ use super::{Hub, ViewCache};
 use agent_stream_core::dialect::{render, Format, Out, RunCtx, Step, Wire};
 use agent_stream_core::domain::Event;
 use agent_stream_core::projection::{updates, RunView, ViewUpdate};
+use agent_stream_store::run_key::{RunMap, RunRef};
 use agent_stream_store::Db;
 
 /// A page of consecutive events, shared by all subscribers of a run.
@@ -383,7 +382,7 @@ struct Feed {
 /// Per-run feeds, their combined reads, and the read and fold counters.
 #[derive(Default)]
 pub struct Feeds {
-    feeds: Mutex<HashMap<(String, String), Feed>>,
+    feeds: Mutex<RunMap<Feed>>,
     /// Started by the first feed (it needs the store, which `join` brings).
     combined: OnceLock<Reads>,
     reads: Arc<AtomicU64>,
@@ -397,14 +396,14 @@ impl Feeds {
     /// [`agent_stream_store::append::CommitSink::follows`]).
     pub(crate) fn follows(&self, tenant: &str, run_id: &str) -> bool {
         let feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
-        feeds.get(&(tenant.to_owned(), run_id.to_owned())).is_some_and(|f| f.tx.receiver_count() > 0)
+        feeds.get(&RunRef(tenant, run_id)).is_some_and(|f| f.tx.receiver_count() > 0)
     }
 
     /// Hands a commit's events to the run's feed (see
     /// [`agent_stream_store::append::CommitSink::committed`]).
     pub(crate) fn committed(&self, tenant: &str, run_id: &str, events: Vec<Event>) {
         let feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = feeds.get(&(tenant.to_owned(), run_id.to_owned())) {
+        if let Some(f) = feeds.get(&RunRef(tenant, run_id)) {
             // Full or closed: the feed reads these rows when the commit's wake-up comes.
             let _ = f.handed.try_send(events);
         }

@@ -10,12 +10,12 @@ use std::sync::Mutex;
 
 use tokio::sync::watch;
 
-type RunKey = (String, String);
+use agent_stream_store::run_key::{RunMap, RunRef};
 
 /// Runs with live subscribers, and the newest seq each is known to have.
 #[derive(Default)]
 pub struct Hub {
-    runs: Mutex<HashMap<RunKey, watch::Sender<i64>>>,
+    runs: Mutex<RunMap<watch::Sender<i64>>>,
     /// Per tenant: a counter bumped by every write (for run-activity streams).
     tenants: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// Bumped whenever a run or tenant gains its first watcher, so the listener knows
@@ -31,7 +31,11 @@ impl Hub {
     /// re-read after the listener reconnects).
     pub fn subscribe(&self, tenant: &str, run_id: &str) -> watch::Receiver<i64> {
         let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        runs.entry((tenant.to_owned(), run_id.to_owned()))
+        let key = RunRef(tenant, run_id);
+        if let Some(tx) = runs.get(&key) {
+            return tx.subscribe();
+        }
+        runs.entry(key.owned())
             .or_insert_with(|| {
                 self.generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 watch::channel(0).0
@@ -89,7 +93,7 @@ impl Hub {
     pub fn publish(&self, tenant: &str, run_id: &str, seq: i64) {
         self.bump_tenant(tenant);
         let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (tenant.to_owned(), run_id.to_owned());
+        let key = RunRef(tenant, run_id);
         if let Some(tx) = runs.get(&key) {
             if tx.receiver_count() == 0 {
                 runs.remove(&key);

@@ -30,6 +30,7 @@ use ulid::Ulid;
 use super::db::{tenant_tx, Db};
 use super::events::{stream_after, ALL_EVENTS};
 use super::rows::{Rows, RunRows};
+use super::run_key::{RunMap, RunRef};
 use super::runs::{parse_run_id, run_not_found};
 use crate::error::{Error, ErrorCode, Rejection, Result};
 use agent_stream_core::domain::{Batch, Event, NewEvent, Origin, RunGuard};
@@ -45,7 +46,6 @@ pub struct AppendOutcome {
     pub replayed: bool,
 }
 
-type RunKey = (String, String);
 pub(crate) type Slot = Arc<tokio::sync::Mutex<Option<Cached>>>;
 
 /// How long a run's head this process committed, read under the run's lock or created
@@ -113,7 +113,7 @@ pub trait CommitSink: Send + Sync {
 /// they do not pile up on the row lock and each one finds the guard its predecessor left.
 #[derive(Default)]
 pub struct Guards {
-    slots: Mutex<HashMap<RunKey, Slot>>,
+    slots: Mutex<RunMap<Slot>>,
     sink: std::sync::OnceLock<Arc<dyn CommitSink>>,
 }
 
@@ -140,7 +140,11 @@ impl Guards {
             // Drop guards nobody is using; they are rebuilt from the log on demand.
             slots.retain(|_, s| Arc::strong_count(s) > 1);
         }
-        slots.entry((tenant.to_owned(), run_id.to_owned())).or_default().clone()
+        let key = RunRef(tenant, run_id);
+        if let Some(slot) = slots.get(&key) {
+            return slot.clone();
+        }
+        slots.entry(key.owned()).or_default().clone()
     }
 
     /// Whether this process wrote to the run, created it or read it under its lock less
@@ -150,7 +154,7 @@ impl Guards {
     pub fn head_known(&self, tenant: &str, run_id: &str) -> bool {
         let slot = {
             let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-            match slots.get(&(tenant.to_owned(), run_id.to_owned())) {
+            match slots.get(&RunRef(tenant, run_id)) {
                 Some(s) => s.clone(),
                 None => return false,
             }

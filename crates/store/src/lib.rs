@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod retention;
 pub mod rows;
+pub mod run_key;
 pub mod runs;
 pub mod tenants;
 pub mod tls;

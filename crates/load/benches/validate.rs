@@ -6,7 +6,9 @@
 //! - `parse_batch/agent_stream` against `parse_batch/serde_json_value`: the cost of our
 //!   parsing and checks over merely parsing the same bytes as JSON;
 //! - `guard/apply` against `guard/walk`: the state machine against one plain pass over the
-//!   same event bodies.
+//!   same event bodies;
+//! - `guard_per_append/apply_cloned_per_event` against `guard_per_append/walk`: the same
+//!   with a clone of the guard per event, as single appends and streamed lines apply it.
 //!
 //! Run with `cargo bench --bench validate`.
 
@@ -27,6 +29,8 @@ const BATCH: usize = 1_000;
 const EVENT_BYTES: usize = 100;
 /// Events in the generated run the guard folds.
 const RUN_EVENTS: usize = 1_000_000;
+/// Events applied one clone at a time, as single appends do.
+const PER_APPEND_EVENTS: usize = 200_000;
 
 use agent_stream_core::testkit::prose as text;
 
@@ -189,6 +193,18 @@ fn apply_batched(events: &[Ev]) -> RunGuard {
     kept
 }
 
+/// As single appends and streamed lines do: per event, clone the guard, apply, keep the
+/// clone. Each first change to a shared map copies the nodes on its path, keys included.
+fn apply_one_at_a_time(events: &[Ev]) -> RunGuard {
+    let mut kept = RunGuard::new();
+    for (i, (child, body)) in events.iter().enumerate() {
+        let mut g = kept.clone();
+        g.apply(i as i64 + 1, child.as_deref(), body, Origin::Producer).expect("the generated run is valid");
+        kept = g;
+    }
+    kept
+}
+
 /// The baseline: one pass over the same bodies that looks at each event (its variant
 /// and, for deltas, the length of its text) and does nothing else.
 fn walk(events: &[Ev]) -> usize {
@@ -220,6 +236,21 @@ fn bench_guard(c: &mut Criterion) {
     // The guard's drop (its maps) is not part of the apply loop.
     g.bench_function("apply", |b| b.iter_with_large_drop(|| apply_all(black_box(&events))));
     g.bench_function("apply_batched_clone", |b| b.iter_with_large_drop(|| apply_batched(black_box(&events))));
+    g.finish();
+
+    // A clone per event: the first `PER_APPEND_EVENTS` of the run (~7,000 messages and
+    // tool calls by its end), against the walk over the same events.
+    let first = &events[..PER_APPEND_EVENTS];
+    let mut g = c.benchmark_group("guard_per_append");
+    g.throughput(Throughput::Elements(PER_APPEND_EVENTS as u64));
+    g.sample_size(10);
+    g.sampling_mode(SamplingMode::Flat);
+    g.warm_up_time(Duration::from_secs(2));
+    g.measurement_time(Duration::from_secs(8));
+    g.bench_function("walk", |b| b.iter(|| walk(black_box(first))));
+    g.bench_function("apply_cloned_per_event", |b| {
+        b.iter_with_large_drop(|| apply_one_at_a_time(black_box(first)))
+    });
     g.finish();
 }
 

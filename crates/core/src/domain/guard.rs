@@ -13,6 +13,8 @@
 //! open message of its run or child, opened implicitly when there is none. That
 //! resolution is returned to the caller so the projection uses the very same rule.
 
+use std::sync::Arc;
+
 use imbl::Vector;
 use rustc_hash::FxBuildHasher;
 
@@ -48,14 +50,18 @@ pub enum Resolution {
     },
 }
 
+/// Ids are shared (`Arc<str>`), not owned strings: every append applies to a clone of
+/// the cached guard, so the first change to a map copies the nodes on its path, keys
+/// included, and a copied `String` key is an allocation (up to 32 per node in a run
+/// with many messages or tool calls) where an `Arc` is a count.
 #[derive(Debug, Clone, Default)]
 struct ScopeState {
     state: Option<RunState>,
     /// Open message ids, most recently opened last: the last is "the current open message".
-    open: Vector<String>,
-    pending_plan: Option<String>,
-    messages: PMap<String, Msg>,
-    tools: PMap<String, Tool>,
+    open: Vector<Arc<str>>,
+    pending_plan: Option<Arc<str>>,
+    messages: PMap<Arc<str>, Msg>,
+    tools: PMap<Arc<str>, Tool>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -76,7 +82,7 @@ pub struct RunGuard {
     last_seq: i64,
     /// The run's own scope, kept out of the map: every event checks it.
     root: ScopeState,
-    children: PMap<String, ScopeState>,
+    children: PMap<Arc<str>, ScopeState>,
 }
 
 impl Default for RunGuard {
@@ -143,7 +149,7 @@ impl RunGuard {
                     format!("child `{}` was already spawned", p.child_id),
                 ));
             }
-            self.children.insert(p.child_id.clone(), ScopeState::default());
+            self.children.insert(p.child_id.as_str().into(), ScopeState::default());
             self.last_seq = seq;
             return Ok(Resolution::None);
         }
@@ -188,8 +194,9 @@ impl RunGuard {
                         format!("message `{}` was already started", p.message_id),
                     ));
                 }
-                sc.messages.insert(p.message_id.clone(), Msg::Open { text_len: 0, text_hash: FNV_OFFSET });
-                sc.open.push_back(p.message_id.clone());
+                let id: Arc<str> = p.message_id.as_str().into();
+                sc.messages.insert(id.clone(), Msg::Open { text_len: 0, text_hash: FNV_OFFSET });
+                sc.open.push_back(id);
                 Resolution::Message { id: p.message_id.clone(), implicit: false }
             }
             EventBody::TextDelta(p) | EventBody::ReasoningDelta(p) => {
@@ -205,7 +212,7 @@ impl RunGuard {
             EventBody::MessageEnd(p) => {
                 let id = match &p.message_id {
                     Some(id) => id.clone(),
-                    None => sc.open.last().cloned().ok_or_else(|| {
+                    None => sc.open.last().map(|id| id.to_string()).ok_or_else(|| {
                         Rejection::new(
                             ErrorCode::MessageUnknown,
                             format!("`message.end` without message_id, but {} has no open message", name()),
@@ -239,8 +246,10 @@ impl RunGuard {
                         }
                     }
                 }
-                sc.messages.insert(id.clone(), Msg::Closed);
-                if let Some(pos) = sc.open.iter().rposition(|m| *m == id) {
+                if let Some(m) = sc.messages.get_mut(id.as_str()) {
+                    *m = Msg::Closed;
+                }
+                if let Some(pos) = sc.open.iter().rposition(|m| **m == *id) {
                     sc.open.remove(pos);
                 }
                 Resolution::Message { id, implicit: false }
@@ -252,9 +261,9 @@ impl RunGuard {
                         format!("tool call `{}` was already started", p.call_id),
                     ));
                 }
-                sc.tools.insert(p.call_id.clone(), Tool::Running);
+                sc.tools.insert(p.call_id.as_str().into(), Tool::Running);
                 match sc.open.last() {
-                    Some(id) => Resolution::Message { id: id.clone(), implicit: false },
+                    Some(id) => Resolution::Message { id: id.to_string(), implicit: false },
                     None => Resolution::None,
                 }
             }
@@ -264,11 +273,13 @@ impl RunGuard {
             }
             EventBody::ToolEnd(p) => {
                 running_tool(sc, &p.call_id, "tool.end")?;
-                sc.tools.insert(p.call_id.clone(), Tool::Ended);
+                if let Some(t) = sc.tools.get_mut(p.call_id.as_str()) {
+                    *t = Tool::Ended;
+                }
                 Resolution::None
             }
             EventBody::PlanProposal(p) => {
-                sc.pending_plan = Some(p.plan.id.clone());
+                sc.pending_plan = Some(p.plan.id.as_str().into());
                 Resolution::None
             }
             EventBody::PlanDecision(p) => {
@@ -335,7 +346,7 @@ fn delta_target(sc: &mut ScopeState, seq: i64, explicit: Option<&str>) -> Result
             None => id.to_owned(),
         },
         None => match sc.open.last() {
-            Some(id) => return Ok((id.clone(), false)),
+            Some(id) => return Ok((id.to_string(), false)),
             None => format!("msg-{seq}"),
         },
     };
@@ -343,8 +354,9 @@ fn delta_target(sc: &mut ScopeState, seq: i64, explicit: Option<&str>) -> Result
         // Only reachable when a producer used our implicit id scheme themselves.
         return Err(ended_message(&id));
     }
-    sc.messages.insert(id.clone(), Msg::Open { text_len: 0, text_hash: FNV_OFFSET });
-    sc.open.push_back(id.clone());
+    let key: Arc<str> = id.as_str().into();
+    sc.messages.insert(key.clone(), Msg::Open { text_len: 0, text_hash: FNV_OFFSET });
+    sc.open.push_back(key);
     Ok((id, true))
 }
 

@@ -5,7 +5,9 @@
 //! SHA-256 and only the hash is stored. The secret carries 192 random bits, so a slow
 //! password hash would add latency without adding safety.
 
-use std::collections::HashMap;
+// foldhash, not SipHash: the keys are SHA-256 digests, which no one can aim at a
+// bucket, and SipHash was ~1% of a single append's instructions.
+use foldhash::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -134,7 +136,8 @@ pub struct Authenticator {
 }
 
 /// A lookup answer and when it was made.
-type Cached = (Option<Principal>, Instant);
+/// Shared, so that a stream's re-check of its key copies nothing.
+type Cached = (Option<Arc<Principal>>, Instant);
 
 /// A key's cached answer, and the gate its lookups pass one at a time.
 ///
@@ -160,7 +163,7 @@ impl Authenticator {
         if !well_formed(key) {
             return Ok(None);
         }
-        self.lookup_hash(db, hash_key(key)).await
+        Ok(self.lookup_hash(db, hash_key(key)).await?.map(Arc::unwrap_or_clone))
     }
 
     /// True while the key behind `who` is still valid (not revoked): open streams ask
@@ -170,7 +173,7 @@ impl Authenticator {
         Ok(self.lookup_hash(db, who.key_hash).await?.is_some())
     }
 
-    async fn lookup_hash(&self, db: &Db, hash: [u8; 32]) -> Result<Option<Principal>> {
+    async fn lookup_hash(&self, db: &Db, hash: [u8; 32]) -> Result<Option<Arc<Principal>>> {
         match self.find(&hash) {
             Found::Fresh(p) => Ok(p),
             Found::Ahead(p, turn) => match self.fetch(db, hash, turn).await {
@@ -198,15 +201,17 @@ impl Authenticator {
         db: &Db,
         hash: [u8; 32],
         _turn: tokio::sync::OwnedMutexGuard<()>,
-    ) -> Result<Option<Principal>> {
+    ) -> Result<Option<Arc<Principal>>> {
         let client = db.pool.get().await?;
         let stmt = client.prepare_cached("SELECT tenant_id, key_id, scopes FROM authenticate($1)").await?;
         let row = client.query_opt(&stmt, &[&hash.as_slice()]).await?;
-        let principal = row.map(|r| Principal {
-            tenant_id: r.get(0),
-            key_id: r.get(1),
-            scopes: r.get::<_, Vec<String>>(2).iter().filter_map(|s| Scope::parse(s)).collect(),
-            key_hash: hash,
+        let principal = row.map(|r| {
+            Arc::new(Principal {
+                tenant_id: r.get(0),
+                key_id: r.get(1),
+                scopes: r.get::<_, Vec<String>>(2).iter().filter_map(|s| Scope::parse(s)).collect(),
+                key_hash: hash,
+            })
         });
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         make_room(&mut cache, &hash);
@@ -233,11 +238,11 @@ impl Authenticator {
 /// A key's cached answer, as [`Authenticator::find`] finds it.
 enum Found {
     /// An answer to take as it is.
-    Fresh(Option<Principal>),
+    Fresh(Option<Arc<Principal>>),
     /// An answer past half its life, and the key's gate: this request looks the key up
     /// again while every other one still takes the answer, so that, while the key is in
     /// use, no request waits for a lookup when the answer expires.
-    Ahead(Option<Principal>, tokio::sync::OwnedMutexGuard<()>),
+    Ahead(Option<Arc<Principal>>, tokio::sync::OwnedMutexGuard<()>),
     /// No answer, or an expired one: wait at the gate for one lookup.
     Wait(Arc<tokio::sync::Mutex<()>>),
 }

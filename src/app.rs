@@ -287,11 +287,11 @@ impl App {
     }
 
     /// Appends a producer's batch (a request's: its group-commit lane is its tenant's).
-    pub async fn append(&self, who: &Principal, run_id: &str, batch: &Batch) -> Result<AppendOutcome> {
+    /// The batch is taken, not borrowed: its events go on to the lane as they are.
+    pub async fn append(&self, who: &Principal, run_id: &str, batch: Batch) -> Result<AppendOutcome> {
         use tracing::Instrument;
-        self.append_in(who, run_id, batch, storage::group::Spread::ByTenant)
-            .instrument(append_span(run_id, batch))
-            .await
+        let span = append_span(run_id, &batch);
+        self.append_in(who, run_id, batch, storage::group::Spread::ByTenant).instrument(span).await
     }
 
     /// Appends a group of a streaming append (its group-commit lane is its run's).
@@ -299,12 +299,11 @@ impl App {
         &self,
         who: &Principal,
         run_id: &str,
-        batch: &Batch,
+        batch: Batch,
     ) -> Result<AppendOutcome> {
         use tracing::Instrument;
-        self.append_in(who, run_id, batch, storage::group::Spread::ByRun)
-            .instrument(append_span(run_id, batch))
-            .await
+        let span = append_span(run_id, &batch);
+        self.append_in(who, run_id, batch, storage::group::Spread::ByRun).instrument(span).await
     }
 
     /// Either append, in the group-commit lane `spread` picks (when it goes to a lane).
@@ -312,7 +311,7 @@ impl App {
         &self,
         who: &Principal,
         run_id: &str,
-        batch: &Batch,
+        batch: Batch,
         spread: storage::group::Spread,
     ) -> Result<AppendOutcome> {
         who.require(Scope::Write)?;

@@ -251,7 +251,10 @@ impl Query {
             return Err(Error::reject(ErrorCode::InvalidParameter, "`first` must be between 1 and 1000"))
                 .gql();
         }
-        let before_run_id = after.map(|c| crate::storage::runs::parse_run_id(&c)).transpose().gql()?;
+        let before_run_id = after
+            .map(|c| crate::storage::runs::parse_run_id(&c).map(std::borrow::Cow::into_owned))
+            .transpose()
+            .gql()?;
         let q = RunQuery {
             state,
             created_after,
@@ -343,7 +346,7 @@ impl Mutation {
         }
         let batch = Batch { events: parsed, expected_last_seq };
         crate::domain::input::check_keys(&batch.events).map_err(Error::Rejected).gql()?;
-        Ok(app.append(who, &run_id, &batch).await.gql()?.into())
+        Ok(app.append(who, &run_id, batch).await.gql()?.into())
     }
 
     /// Approves the pending plan: writes `plan.decision` and moves the run from

@@ -17,6 +17,7 @@
 //! [`App::append`]: crate::app::App::append
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -104,7 +105,7 @@ pub(crate) async fn append_stream(
         std::task::Poll::Pending => None,
     };
     let (tx, rx) = mpsc::channel::<Bytes>(ANSWER_BUFFER);
-    let session = Session::new(app, who, run_id, tx);
+    let session = Session::new(app, who, &run_id, tx);
     tokio::spawn(session.run(data, first));
     let lines = tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>);
     Ok((
@@ -157,8 +158,9 @@ type InFlight = (Vec<Line>, BoxFuture<'static, Result<AppendOutcome>>);
 
 struct Session {
     app: AppRef,
-    who: Principal,
-    run_id: String,
+    // Shared with each group's future: a group copies neither.
+    who: Arc<Principal>,
+    run_id: Arc<str>,
     tx: mpsc::Sender<Bytes>,
     /// Parsed lines not yet in a group.
     pending: VecDeque<Line>,
@@ -178,11 +180,11 @@ struct Session {
 }
 
 impl Session {
-    fn new(app: AppRef, who: Principal, run_id: String, tx: mpsc::Sender<Bytes>) -> Session {
+    fn new(app: AppRef, who: Principal, run_id: &str, tx: mpsc::Sender<Bytes>) -> Session {
         Session {
             app,
-            who,
-            run_id,
+            who: Arc::new(who),
+            run_id: run_id.into(),
             tx,
             pending: VecDeque::new(),
             partial: vec![],
@@ -268,7 +270,7 @@ impl Session {
             if !app.auth.still_valid(&app.db, &who).await? {
                 return Err(Error::reject(ErrorCode::AuthInvalid, "the API key was revoked"));
             }
-            let out = app.append_streamed(&who, &run_id, &batch).await?;
+            let out = app.append_streamed(&who, &run_id, batch).await?;
             if !out.replayed {
                 app.metrics.append_bytes.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
             }

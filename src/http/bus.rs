@@ -63,7 +63,7 @@ pub(super) async fn append_user_messages(
     }
     check_batch_size(events.len(), app.settings.limits)?;
     check_keys(&events)?;
-    let out = app.append(who, run_id, &Batch { events, expected_last_seq: None }).await?;
+    let out = app.append(who, run_id, Batch { events, expected_last_seq: None }).await?;
     Ok(Some(out.last_seq))
 }
 

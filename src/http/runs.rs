@@ -100,7 +100,10 @@ pub(crate) async fn list_runs(
     if !(1..=1000).contains(&limit) {
         return Err(Error::reject(ErrorCode::InvalidParameter, "`limit` must be between 1 and 1000").into());
     }
-    let before_run_id = p.before.map(|c| crate::storage::runs::parse_run_id(&c)).transpose()?;
+    let before_run_id = p
+        .before
+        .map(|c| crate::storage::runs::parse_run_id(&c).map(std::borrow::Cow::into_owned))
+        .transpose()?;
     let q = crate::storage::runs::RunQuery {
         state: p.state,
         created_after: p.created_after,
@@ -185,7 +188,7 @@ pub(crate) async fn append(
         }
         batch.expected_last_seq = Some(expected);
     }
-    let out = app.append(&who, &run_id, &batch).await?;
+    let out = app.append(&who, &run_id, batch).await?;
     if !out.replayed {
         app.metrics.append_bytes.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
     }

@@ -112,7 +112,7 @@ impl GroupCommit {
         &self,
         tenant: &str,
         run_id: &str,
-        batch: &Batch,
+        batch: Batch,
         spread: Spread,
     ) -> Result<AppendOutcome> {
         let run_id = parse_run_id(run_id)?;
@@ -132,8 +132,8 @@ impl GroupCommit {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             tenant: tenant.to_owned(),
-            run_id: run_id.clone(),
-            batch: batch.clone(),
+            run_id: run_id.clone().into_owned(),
+            batch,
             reply,
             span: tracing::Span::current(),
             spread,
@@ -160,14 +160,14 @@ pub async fn append_alone(
     guards: &Arc<Guards>,
     tenant: &str,
     run_id: &str,
-    batch: &Batch,
+    batch: Batch,
     origin: Origin,
 ) -> Result<AppendOutcome> {
     use tracing::Instrument;
     let run_id = parse_run_id(run_id)?;
     let (reply, answer_rx) = oneshot::channel();
     let mut awaited = Awaited { answer: answer_rx, guards, tenant, run_id: &run_id };
-    let task = (db.clone(), guards.clone(), tenant.to_owned(), run_id.clone(), batch.clone());
+    let task = (db.clone(), guards.clone(), tenant.to_owned(), run_id.clone().into_owned(), batch);
     tokio::spawn(
         async move {
             let (db, guards, tenant, run_id, batch) = task;
@@ -560,16 +560,25 @@ async fn try_group(
 /// appends in seq order, though other runs' appends may come between them).
 fn hand_over(sink: &dyn CommitSink, tenant: &str, written: Vec<Event>) {
     let mut at: HashMap<String, usize> = HashMap::new();
-    let mut by_run: Vec<(String, Vec<Event>)> = vec![];
+    let mut by_run: Vec<Vec<Event>> = vec![];
     for e in written {
-        let i = *at.entry(e.run_id.clone()).or_insert_with(|| {
-            by_run.push((e.run_id.clone(), vec![]));
-            by_run.len() - 1
-        });
-        by_run[i].1.push(e);
+        // A run's appends often come one after another: only a new run is looked up.
+        let i = match by_run.last() {
+            Some(last) if last[0].run_id == e.run_id => by_run.len() - 1,
+            _ => *at.entry(e.run_id.clone()).or_insert_with(|| {
+                by_run.push(vec![]);
+                by_run.len() - 1
+            }),
+        };
+        by_run[i].push(e);
     }
-    for (run_id, evs) in by_run {
-        sink.committed(tenant, &run_id, evs);
+    // Each run's id, moved out of the map rather than copied again.
+    let mut names = vec![String::new(); by_run.len()];
+    for (run_id, i) in at {
+        names[i] = run_id;
+    }
+    for (run_id, evs) in names.iter().zip(by_run) {
+        sink.committed(tenant, run_id, evs);
     }
 }
 

@@ -77,7 +77,8 @@ pub struct Rows {
     seq: Vec<i64>,
     id: Vec<String>,
     ts: Vec<DateTime<Utc>>,
-    ty: Vec<String>,
+    /// The types are the vocabulary's static names: borrowed, not copied per row.
+    ty: Vec<std::borrow::Cow<'static, str>>,
     child: Vec<Option<String>>,
     payload: Vec<String>,
     key: Vec<Option<String>>,
@@ -140,7 +141,7 @@ impl Rows {
         self.seq.push(seq);
         self.id.push(id.to_string());
         self.ts.push(ts);
-        self.ty.push(e.body.type_name().into_owned());
+        self.ty.push(e.body.type_name());
         self.child.push(e.child_id.clone());
         self.payload.push(e.body.payload_text());
         self.key.push(e.key.clone());

@@ -20,7 +20,8 @@ use agent_stream::domain::event::{
     ToolProgress, ToolStart,
 };
 use agent_stream::domain::{EventBody, Framing, Limits, Origin, RunGuard, RunState};
-use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, SamplingMode, Throughput};
 use serde_json::json;
 
 /// Events per parsed batch.
@@ -221,17 +222,23 @@ fn walk(events: &[Ev]) -> usize {
     acc
 }
 
+/// A group whose every iteration folds `events` events: ten flat samples.
+fn whole_run_group<'a>(c: &'a mut Criterion, name: &str, events: usize) -> BenchmarkGroup<'a, WallTime> {
+    let mut g = c.benchmark_group(name);
+    g.throughput(Throughput::Elements(events as u64));
+    g.sample_size(10);
+    g.sampling_mode(SamplingMode::Flat);
+    g.warm_up_time(Duration::from_secs(2));
+    g.measurement_time(Duration::from_secs(8));
+    g
+}
+
 fn bench_guard(c: &mut Criterion) {
     let events = generated_run(RUN_EVENTS);
     let last = apply_all(&events);
     assert_eq!(last.last_seq(), RUN_EVENTS as i64);
 
-    let mut g = c.benchmark_group("guard");
-    g.throughput(Throughput::Elements(RUN_EVENTS as u64));
-    g.sample_size(10);
-    g.sampling_mode(SamplingMode::Flat);
-    g.warm_up_time(Duration::from_secs(2));
-    g.measurement_time(Duration::from_secs(8));
+    let mut g = whole_run_group(c, "guard", RUN_EVENTS);
     g.bench_function("walk", |b| b.iter(|| walk(black_box(&events))));
     // The guard's drop (its maps) is not part of the apply loop.
     g.bench_function("apply", |b| b.iter_with_large_drop(|| apply_all(black_box(&events))));
@@ -241,12 +248,7 @@ fn bench_guard(c: &mut Criterion) {
     // A clone per event: the first `PER_APPEND_EVENTS` of the run (~7,000 messages and
     // tool calls by its end), against the walk over the same events.
     let first = &events[..PER_APPEND_EVENTS];
-    let mut g = c.benchmark_group("guard_per_append");
-    g.throughput(Throughput::Elements(PER_APPEND_EVENTS as u64));
-    g.sample_size(10);
-    g.sampling_mode(SamplingMode::Flat);
-    g.warm_up_time(Duration::from_secs(2));
-    g.measurement_time(Duration::from_secs(8));
+    let mut g = whole_run_group(c, "guard_per_append", PER_APPEND_EVENTS);
     g.bench_function("walk", |b| b.iter(|| walk(black_box(first))));
     g.bench_function("apply_cloned_per_event", |b| {
         b.iter_with_large_drop(|| apply_one_at_a_time(black_box(first)))

@@ -28,6 +28,8 @@
 # run K subscribers instead of one, each append waiting for its frame on all K: the count
 # with K less the count with 1, over K - 1, is what one more subscriber of a page costs,
 # the per-subscriber share of fan-out that time measurements cannot resolve here.
+# CALLGRIND_CLIENTS=N runs N clients instead of 8 (APPENDS a multiple of N): with 64
+# streaming clients a group holds ~13 lines, nearer many-runs' larger groups.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$(realpath "${1:-$here/target/release/agent-stream}")
@@ -58,8 +60,9 @@ done
 
 # The producers: each makes a run and appends to it, one request in flight.
 cat > "$work/drive.py" <<'EOF'
-import http.client, json, socket, sys, threading
-port, key, total, clients = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), 8
+import http.client, json, os, socket, sys, threading
+port, key, total = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+clients = int(os.environ.get("CALLGRIND_CLIENTS", "8"))
 sse = sys.argv[4] == "1"
 stream_mode = sys.argv[5] == "1"
 subscribers = int(sys.argv[6])

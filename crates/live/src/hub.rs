@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use tokio::sync::watch;
 
-use agent_stream_store::run_key::{RunMap, RunRef};
+use agent_stream_store::run_key::{get_or_insert_with, RunMap, RunRef};
 
 /// Runs with live subscribers, and the newest seq each is known to have.
 #[derive(Default)]
@@ -31,16 +31,11 @@ impl Hub {
     /// re-read after the listener reconnects).
     pub fn subscribe(&self, tenant: &str, run_id: &str) -> watch::Receiver<i64> {
         let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        let key = RunRef(tenant, run_id);
-        if let Some(tx) = runs.get(&key) {
-            return tx.subscribe();
-        }
-        runs.entry(key.owned())
-            .or_insert_with(|| {
-                self.generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                watch::channel(0).0
-            })
-            .subscribe()
+        get_or_insert_with(&mut runs, RunRef(tenant, run_id), || {
+            self.generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            watch::channel(0).0
+        })
+        .subscribe()
     }
 
     /// A receiver that changes whenever any run of the tenant is written.

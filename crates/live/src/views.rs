@@ -17,6 +17,7 @@ use agent_stream_core::dialect::{Encoding, Format, Out};
 use agent_stream_core::projection::RunView;
 use agent_stream_store::db::{tenant_tx, Db};
 use agent_stream_store::events::{stream_after, ALL_EVENTS};
+use agent_stream_store::run_key::{get_or_insert_with, RunMap, RunRef};
 use agent_stream_store::runs::{get_run, RunInfo};
 use agent_stream_store::Result;
 
@@ -34,7 +35,7 @@ type OpeningKey = (String, String, Format, i64);
 /// Folded views by (tenant, run).
 #[derive(Default)]
 pub struct ViewCache {
-    slots: Mutex<HashMap<(String, String), Slot>>,
+    slots: Mutex<RunMap<Slot>>,
     openings: Mutex<HashMap<OpeningKey, Vec<Out>>>,
     folded: std::sync::atomic::AtomicU64,
 }
@@ -99,7 +100,7 @@ impl ViewCache {
                 slots.clear();
             }
         }
-        slots.entry((tenant.to_owned(), run_id.to_owned())).or_default().clone()
+        get_or_insert_with(&mut slots, RunRef(tenant, run_id), Slot::default).clone()
     }
 }
 

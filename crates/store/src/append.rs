@@ -30,7 +30,7 @@ use ulid::Ulid;
 use super::db::{tenant_tx, Db};
 use super::events::{stream_after, ALL_EVENTS};
 use super::rows::{Rows, RunRows};
-use super::run_key::{RunMap, RunRef};
+use super::run_key::{get_or_insert_with, RunMap, RunRef};
 use super::runs::{parse_run_id, run_not_found};
 use crate::error::{Error, ErrorCode, Rejection, Result};
 use agent_stream_core::domain::{Batch, Event, NewEvent, Origin, RunGuard};
@@ -140,11 +140,7 @@ impl Guards {
             // Drop guards nobody is using; they are rebuilt from the log on demand.
             slots.retain(|_, s| Arc::strong_count(s) > 1);
         }
-        let key = RunRef(tenant, run_id);
-        if let Some(slot) = slots.get(&key) {
-            return slot.clone();
-        }
-        slots.entry(key.owned()).or_default().clone()
+        get_or_insert_with(&mut slots, RunRef(tenant, run_id), Slot::default).clone()
     }
 
     /// Whether this process wrote to the run, created it or read it under its lock less

@@ -29,6 +29,16 @@ impl RunRef<'_> {
     }
 }
 
+/// The value of `key` in `map`, made by `make` and inserted under an owned copy of the
+/// key only when absent: one lookup either way, and no copy of the ids when present.
+pub fn get_or_insert_with<'m, V>(
+    map: &'m mut RunMap<V>,
+    key: RunRef<'_>,
+    make: impl FnOnce() -> V,
+) -> &'m mut V {
+    map.raw_entry_mut().from_key(&key).or_insert_with(|| (key.owned(), make())).1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -49,5 +59,20 @@ mod tests {
         assert_eq!(map.get(&RunRef("t1", "run-c")), None);
         assert_eq!(map.remove(&RunRef("t1", "run-b")), Some(2));
         assert_eq!(map.len(), 2);
+    }
+
+    #[test]
+    fn get_or_insert_with_makes_a_value_only_for_a_new_key() {
+        let mut map: RunMap<u32> = RunMap::default();
+        let mut made = 0;
+        for _ in 0..3 {
+            *get_or_insert_with(&mut map, RunRef("t1", "run-a"), || {
+                made += 1;
+                0
+            }) += 1;
+        }
+        assert_eq!(made, 1);
+        assert_eq!(map.get(&RunRef("t1", "run-a")), Some(&3));
+        assert_eq!(map.len(), 1);
     }
 }

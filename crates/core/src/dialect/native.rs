@@ -31,9 +31,7 @@ impl Encoder for Native {
         };
         let data = match step.wire {
             // The envelope does not depend on the subscriber: render it once per page.
-            Some(w) => super::Data::Wire(
-                w.get_or_init(|| super::Wire::new(serde_json::to_vec(e).unwrap_or_default())).clone(),
-            ),
+            Some(w) => super::Data::Wire(w.get_or_init(|| super::Wire::new(e.to_json())).clone()),
             None => super::Data::Json(serde_json::to_value(e).unwrap_or_default()),
         };
         let mut o = Out::control(e.seq, serde_json::Value::Null);

@@ -613,6 +613,64 @@ impl Event {
     pub fn is_run_end(&self) -> bool {
         self.child_id.is_none() && matches!(&self.body, EventBody::Lifecycle(l) if l.state.is_terminal())
     }
+
+    /// The envelope as JSON text, byte for byte what `Serialize` writes with
+    /// `serde_json` (a test holds the two equal).
+    pub fn to_json(&self) -> Vec<u8> {
+        // The envelope is ~150 bytes: one allocation for it and a short payload.
+        let mut out = Vec::with_capacity(256);
+        self.write_json(&mut out);
+        out
+    }
+
+    /// [`Event::to_json`], appended to `out`. Written field by field because every live
+    /// event is rendered once per page: through serde's map machinery each key and each
+    /// value went through the string escaper, and the envelope (ULID, time, seq, the
+    /// vocabulary's names) needs none; it was ~5% of a streamed line's instructions
+    /// (docs/benchmarks-log.md, 2026-12-06 06:16). The payload still goes through serde.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        let mut ulid = [0u8; ulid::ULID_LEN];
+        out.extend_from_slice(b"{\"id\":\"");
+        out.extend_from_slice(self.id.array_to_str(&mut ulid).as_bytes());
+        out.extend_from_slice(b"\",\"ts\":");
+        match millis_text(&self.ts) {
+            Some(text) => {
+                out.push(b'"');
+                out.extend_from_slice(&text);
+                out.push(b'"');
+            }
+            None => json_str(out, &self.ts.to_rfc3339_opts(SecondsFormat::Millis, true)),
+        }
+        out.extend_from_slice(b",\"type\":");
+        json_str(out, &self.body.type_name());
+        out.extend_from_slice(b",\"run_id\":");
+        json_str(out, &self.run_id);
+        out.extend_from_slice(b",\"child_id\":");
+        match &self.child_id {
+            Some(c) => json_str(out, c),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"seq\":");
+        out.extend_from_slice(itoa::Buffer::new().format(self.seq).as_bytes());
+        out.extend_from_slice(b",\"payload\":");
+        if let Err(e) = serde_json::to_writer(&mut *out, &PayloadRef(&self.body)) {
+            serialisation_bug(e, ());
+            out.extend_from_slice(b"null");
+        }
+        out.push(b'}');
+    }
+}
+
+/// `s` as a JSON string: copied between quotes when nothing in it needs an escape (ids,
+/// names), else through serde_json's escaper, so the text is serde_json's either way.
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else if let Err(e) = serde_json::to_writer(&mut *out, s) {
+        serialisation_bug(e, ());
+    }
 }
 
 /// The envelope as it appears on the wire, as read.
@@ -762,6 +820,50 @@ mod tests {
             let back: super::Event = serde_json::from_value(json).expect("read back");
             assert_eq!(back.body, e.body);
         }
+    }
+
+    /// The hand-written envelope is serde's, byte for byte: every kind of event, child
+    /// and run ids and custom names that need escapes, times outside four-digit years.
+    #[test]
+    fn write_json_is_serdes() {
+        use chrono::NaiveDate;
+        let mut events = crate::testkit::stored(&crate::testkit::generated_run_mix(11, 3000, 0));
+        let odd = ["with \"quote\"", "back\\slash", "tab\there", "nl\n", "\u{1}", "é ü ✓", ""];
+        let n = events.len();
+        for (i, s) in odd.iter().enumerate() {
+            let mut e = events[i % n].clone();
+            e.run_id = (*s).to_owned();
+            e.child_id = Some(format!("c{s}"));
+            events.push(e);
+        }
+        let mut custom = events[0].clone();
+        custom.body = super::EventBody::Custom {
+            name: "odd\"name".to_owned(),
+            payload: serde_json::json!({"a": [1, "\u{7f}"]}),
+        };
+        events.push(custom);
+        for year in [0, 10_000, 262_000] {
+            let mut e = events[1].clone();
+            e.ts =
+                NaiveDate::from_ymd_opt(year, 1, 2).unwrap().and_hms_milli_opt(3, 4, 5, 6).unwrap().and_utc();
+            events.push(e);
+        }
+        let mut seqs = events[2].clone();
+        seqs.seq = i64::MIN;
+        events.push(seqs);
+        let mut kinds = std::collections::BTreeSet::new();
+        let mut escaped = 0;
+        for e in &events {
+            let ours = e.to_json();
+            let serdes = serde_json::to_vec(e).expect("json");
+            assert_eq!(String::from_utf8_lossy(&ours), String::from_utf8_lossy(&serdes));
+            kinds.insert(e.body.type_name().into_owned());
+            escaped += usize::from(ours.windows(2).any(|w| w[0] == b'\\'));
+        }
+        assert!(kinds.len() >= 10, "the generated run covers most kinds: {kinds:?}");
+        // Those of `odd` that need an escape, and the custom name.
+        let needing = odd.iter().filter(|s| s.chars().any(|c| c < ' ' || c == '"' || c == '\\')).count() + 1;
+        assert!(escaped >= needing, "the escaping path ran: {escaped} of {needing}");
     }
 
     /// The text the append path stores is the same JSON as the payload every reader

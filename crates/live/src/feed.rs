@@ -574,6 +574,10 @@ async fn run_feed(
     let (tenant, run_id) = &key;
     // The first pass reads: what committed before the feed began was handed to nobody.
     let mut must_read = true;
+    // An `Idle` rather than a `timeout` per wait: a feed waits once per commit of its
+    // run, and each `timeout` put an entry into the timer wheel and took it out again
+    // (~1,000 instructions a streamed line, docs/benchmarks-log.md, 2026-12-06 06:16).
+    let mut quiet = super::alarm::Idle::new(super::SAFETY_POLL * 2);
     loop {
         if tx.receiver_count() == 0 {
             break;
@@ -626,14 +630,16 @@ async fn run_feed(
             break;
         }
         tokio::select! {
-            r = tokio::time::timeout(super::SAFETY_POLL * 2, wake.newest.changed()) => match r {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => break,
-                // Quiet for a while: read once, in case a wake-up was lost.
-                Err(_) => must_read = true,
+            // No random pick per wait: each branch only sets what the top of the loop reads.
+            biased;
+            r = wake.newest.changed() => match r {
+                Ok(()) => quiet.wrote(),
+                Err(_) => break,
             },
             _ = wake.rereads.changed() => must_read = true,
             _ = stopping.changed() => {}
+            // Quiet for a while: read once, in case a wake-up was lost.
+            _ = quiet.due() => must_read = true,
         }
     }
     let mut all = feeds.feeds.lock().unwrap_or_else(|p| p.into_inner());

@@ -63,6 +63,9 @@ use agent_stream_store::db::{connect_owner, quote_ident};
 pub const SAFETY_POLL: Duration = Duration::from_secs(2);
 /// How long the notifier gathers pointers before one NOTIFY.
 const COALESCE: Duration = Duration::from_millis(3);
+
+/// Pointers the notifier takes off its queue at a time.
+const RECEIVED_AT_ONCE: usize = 256;
 /// Most runs whose notification tokens the notifier keeps.
 const TOKENS_KEPT: usize = 16_384;
 /// Largest NOTIFY payload we send (PostgreSQL's limit is 8000 bytes).
@@ -289,12 +292,28 @@ async fn notifier(url: String, schema: String, origin: Origin, mut rx: mpsc::Rec
     // and when the secret is read again.
     let mut tokens: foldhash::HashMap<(String, String), String> = Default::default();
     let header = origin.header();
+    let mut got = Vec::with_capacity(RECEIVED_AT_ONCE);
     while let Some(first) = rx.recv().await {
         let mut runs: foldhash::HashSet<(String, String)> = Default::default();
         runs.insert(first);
-        let deadline = tokio::time::Instant::now() + COALESCE;
-        while let Ok(Some(pointer)) = tokio::time::timeout_at(deadline, rx.recv()).await {
-            runs.insert(pointer);
+        // One timer for the window, and what is queued taken in bulk: a `timeout` per
+        // pointer put an entry into the timer wheel and took it out again for every
+        // commit (~1,000 instructions a streamed line, docs/benchmarks-log.md,
+        // 2026-12-06 06:16).
+        let window = tokio::time::sleep(COALESCE);
+        tokio::pin!(window);
+        loop {
+            tokio::select! {
+                // The window first, so that a steady stream of pointers cannot hold it open.
+                biased;
+                () = &mut window => break,
+                n = rx.recv_many(&mut got, RECEIVED_AT_ONCE) => {
+                    runs.extend(got.drain(..));
+                    if n == 0 {
+                        break;
+                    }
+                }
+            }
         }
         if conn.is_none() {
             conn = Notifying::connect(&url, &schema).await.ok();

@@ -144,6 +144,33 @@ struct Ack {
     replayed: bool,
 }
 
+impl Ack {
+    /// The acknowledgement's line, newline included: what `Serialize` writes (a test
+    /// holds the two equal), written directly because every committed group of every
+    /// stream gets one, and serde's map machinery was ~2% of a streamed line
+    /// (docs/benchmarks-log.md, 2026-12-06 06:16).
+    fn line(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(128);
+        let mut n = itoa::Buffer::new();
+        out.extend_from_slice(b"{\"first_seq\":");
+        out.extend_from_slice(n.format(self.first_seq).as_bytes());
+        out.extend_from_slice(b",\"last_seq\":");
+        out.extend_from_slice(n.format(self.last_seq).as_bytes());
+        out.extend_from_slice(b",\"count\":");
+        out.extend_from_slice(n.format(self.count).as_bytes());
+        out.extend_from_slice(b",\"first_line\":");
+        out.extend_from_slice(n.format(self.first_line).as_bytes());
+        out.extend_from_slice(b",\"last_line\":");
+        out.extend_from_slice(n.format(self.last_line).as_bytes());
+        out.extend_from_slice(if self.replayed {
+            b",\"replayed\":true}\n"
+        } else {
+            b",\"replayed\":false}\n"
+        });
+        out
+    }
+}
+
 /// Why the stream stops reading: the first line that cannot be appended and its error.
 struct Stop {
     line: u64,
@@ -303,7 +330,7 @@ impl Session {
                     last_line: group.last().map_or(0, |l| l.no),
                     replayed: o.replayed,
                 };
-                self.send(&ack).await
+                self.tx.send(Bytes::from(ack.line())).await.is_ok()
             }
             Err(error) => {
                 let index = match &error {
@@ -423,5 +450,29 @@ impl Session {
         let mut line = serde_json::to_vec(v).unwrap_or_default();
         line.push(b'\n');
         self.tx.send(Bytes::from(line)).await.is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ack;
+
+    /// The hand-written acknowledgement is serde's line, byte for byte, at the edges
+    /// of every field's range.
+    #[test]
+    fn ack_line_is_serdes() {
+        for (i, v) in [0i64, 1, 9, 10, 99_999, i64::MAX, i64::MIN, -1].into_iter().enumerate() {
+            let ack = Ack {
+                first_seq: v,
+                last_seq: v.wrapping_add(7),
+                count: i * 1_000,
+                first_line: v.unsigned_abs(),
+                last_line: u64::MAX - i as u64,
+                replayed: i % 2 == 1,
+            };
+            let mut serdes = serde_json::to_vec(&ack).expect("json");
+            serdes.push(b'\n');
+            assert_eq!(String::from_utf8_lossy(&ack.line()), String::from_utf8_lossy(&serdes));
+        }
     }
 }

@@ -592,6 +592,45 @@ async fn an_unannounced_write_arrives_by_the_safety_poll_and_idle_subscribers_do
     }
 }
 
+/// The row writer wakes a run's subscribers itself as it hands them a commit: the hub
+/// knows the new seq the moment the write returns, before (here: without) the
+/// appender's own wake-up (`Live::committed`), which under load waits for the appender's
+/// task to get its turn on the runtime; the event then arrives handed over, not read.
+#[tokio::test]
+async fn the_row_writer_wakes_a_runs_subscribers_as_it_hands_over_a_commit() {
+    use agent_stream::domain::input::{parse_event, Limits};
+    use agent_stream::domain::{Batch, Origin};
+    let t = TestApp::new().await;
+    let run = running_run(&t).await;
+    let mut readers = caught_up_readers(&t, &run, 1).await;
+    let told =
+        |t: &TestApp| t.app.live.hub.active().into_iter().find(|(_, r, _)| *r == run).map(|(_, _, seq)| seq);
+    // One append the usual way first, so that the feed has settled past its first read.
+    t.append_ok(&t.key_a, &run, json!([delta("usual")])).await;
+    assert_eq!(readers[0].next().await.and_then(|f| f.id), Some(2));
+    assert_eq!(told(&t), Some(2), "the run is watched, its third event not yet written");
+    let (reads, taken) = (t.app.live.feeds.reads(), t.app.live.feeds.taken());
+    let event = parse_event(delta("handed").to_string().as_bytes(), Limits::default()).expect("a delta");
+    let batch = Batch { events: vec![event], expected_last_seq: None };
+    // Straight through the row writer: nothing here calls `Live::committed`.
+    let out = agent_stream::storage::append::append(
+        &t.app.db,
+        &t.app.guards,
+        &t.tenant_a,
+        &run,
+        &batch,
+        Origin::Producer,
+    )
+    .await
+    .expect("append");
+    assert_eq!(out.last_seq, 3);
+    assert_eq!(told(&t), Some(3), "the write woke the run's subscribers as it handed the event over");
+    let f = readers[0].next().await.expect("frame");
+    assert_eq!((f.id, f.data["payload"]["text"].as_str()), (Some(3), Some("handed")));
+    assert_eq!(t.app.live.feeds.taken() - taken, 1, "the event was handed over");
+    assert_eq!(t.app.live.feeds.reads(), reads, "and not read");
+}
+
 /// Seed 004 T4: 1000 deltas in about a second come out as at most ~10 frames by default
 /// (merged, nothing lost: the text and the covered seqs add up) and as 1000 with
 /// `detail=full`; control events are never merged.

@@ -87,6 +87,12 @@ impl Hub {
     /// its subscribers if it is new, and the tenant's activity watchers.
     pub fn publish(&self, tenant: &str, run_id: &str, seq: i64) {
         self.bump_tenant(tenant);
+        self.wake_run(tenant, run_id, seq);
+    }
+
+    /// [`Hub::publish`] without the tenant's activity watchers: wakes the run's
+    /// subscribers if `seq` is new to them.
+    pub fn wake_run(&self, tenant: &str, run_id: &str, seq: i64) {
         let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
         let key = RunRef(tenant, run_id);
         if let Some(tx) = runs.get(&key) {

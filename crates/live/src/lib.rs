@@ -265,7 +265,17 @@ impl CommitSink for Commits {
     }
 
     fn committed(&self, tenant: &str, run_id: &str, events: Vec<agent_stream_core::domain::Event>) {
+        let last = events.last().map(|e| e.seq);
         self.feeds.committed(tenant, run_id, events);
+        // The feed is woken here, where the writer learns of the commit, rather than
+        // only by `Live::committed` once the appender's task has run on its answer: a
+        // group's answers wake dozens of appenders, and under load each waits its turn
+        // on the runtime before it could wake its run's feed (docs/benchmarks-log.md,
+        // 2026-12-06 16:00). `Live::committed` still follows, for the tenant's activity
+        // watchers and other processes; its wake is then no news to the feed.
+        if let Some(seq) = last {
+            self.hub.wake_run(tenant, run_id, seq);
+        }
     }
 
     fn moved(&self, tenant: &str, run_id: &str, last_seq: i64) {

@@ -6,7 +6,9 @@
 //! One trace follows an append: the request (whose W3C `traceparent` it continues),
 //! `append`, `commit`, `notify`, and a `deliver` span for each live subscriber's
 //! hand-over. The delivery happens in other tasks, so [`Traces`] remembers the trace of
-//! each run's recent appends by seq range, for the transports to find.
+//! each run's recent appends by seq range, for the transports to find; a delivery that
+//! comes before its append's trace is known (the row writer wakes subscribers as it
+//! commits) is held until the append registers it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, OnceLock};
@@ -97,18 +99,46 @@ const PER_RUN: usize = 64;
 /// Runs remembered; the oldest go first.
 const RUNS: usize = 4096;
 
-/// A run's recent appends: first seq, last seq, trace context.
-type Appends = VecDeque<(i64, i64, Context)>;
+/// What is remembered of one run.
+#[derive(Default)]
+struct Run {
+    /// Recent appends: first seq, last seq, trace context.
+    appends: VecDeque<(i64, i64, Context)>,
+    /// Deliveries that came before their append's trace was known (seq, transport):
+    /// the row writer wakes a run's subscribers as it commits, and the appender's task
+    /// registers its trace only once it runs on its answer, so under load the delivery
+    /// often wins. They get their span when the append registers, or are forgotten
+    /// after [`PER_RUN`] more (an append by another process, or a replay of old events,
+    /// never registers here).
+    early: VecDeque<(i64, &'static str)>,
+}
 
 /// The trace contexts of recent appends, by run and seq range (empty when tracing is off).
 #[derive(Default)]
 pub struct Traces {
     /// By run, and the runs in the order they were first seen (for eviction).
-    runs: Mutex<(HashMap<String, Appends>, VecDeque<String>)>,
+    runs: Mutex<(HashMap<String, Run>, VecDeque<String>)>,
 }
 
 impl Traces {
-    /// Remembers that the current span's trace wrote `first..=last` of `run`.
+    /// The run's entry, made (and the oldest runs forgotten) if it is new.
+    fn run<'a>(guard: &'a mut (HashMap<String, Run>, VecDeque<String>), run: &str) -> &'a mut Run {
+        let (by_run, order) = guard;
+        if !by_run.contains_key(run) {
+            while order.len() >= RUNS {
+                if let Some(old) = order.pop_front() {
+                    by_run.remove(&old);
+                }
+            }
+            order.push_back(run.to_owned());
+            by_run.insert(run.to_owned(), Run::default());
+        }
+        // Looked up rather than `entry`: a known run (every delivery) costs no new String.
+        by_run.get_mut(run).expect("the run is there: inserted above if it was not")
+    }
+
+    /// Remembers that the current span's trace wrote `first..=last` of `run`, and
+    /// records the deliveries of those seqs that came first.
     pub fn appended(&self, run: &str, first: i64, last: i64) {
         if PROVIDER.get().is_none() {
             return;
@@ -117,41 +147,55 @@ impl Traces {
         if !cx.span().span_context().is_valid() {
             return;
         }
-        let mut guard = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        let (by_run, order) = &mut *guard;
-        let entry = by_run.entry(run.to_owned()).or_insert_with(|| {
-            order.push_back(run.to_owned());
-            VecDeque::new()
-        });
-        entry.push_back((first, last, cx));
-        if entry.len() > PER_RUN {
-            entry.pop_front();
-        }
-        while order.len() > RUNS {
-            if let Some(old) = order.pop_front() {
-                by_run.remove(&old);
+        let mut early = vec![];
+        {
+            let mut guard = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+            let entry = Self::run(&mut guard, run);
+            entry.appends.push_back((first, last, cx.clone()));
+            if entry.appends.len() > PER_RUN {
+                entry.appends.pop_front();
             }
+            entry.early.retain(|&(seq, transport)| {
+                let mine = (first..=last).contains(&seq);
+                if mine {
+                    early.push((seq, transport));
+                }
+                !mine
+            });
+        }
+        for (seq, transport) in early {
+            deliver_span(&cx, run, seq, transport);
         }
     }
 
     /// Records `seq` of `run` handed to a subscriber through `transport`, in its
-    /// append's trace.
+    /// append's trace (now, or when the append registers).
     pub fn delivered(&self, run: &str, seq: i64, transport: &'static str) {
         if PROVIDER.get().is_none() {
             return;
         }
         let cx = {
-            let guard = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-            guard
-                .0
-                .get(run)
-                .and_then(|v| v.iter().find(|(f, l, _)| (*f..=*l).contains(&seq)).map(|(_, _, c)| c.clone()))
+            let mut guard = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+            let entry = Self::run(&mut guard, run);
+            let cx =
+                entry.appends.iter().find(|(f, l, _)| (*f..=*l).contains(&seq)).map(|(_, _, c)| c.clone());
+            if cx.is_none() {
+                entry.early.push_back((seq, transport));
+                if entry.early.len() > PER_RUN {
+                    entry.early.pop_front();
+                }
+            }
+            cx
         };
         if let Some(cx) = cx {
-            let span =
-                tracing::info_span!(target: crate::storage::TRACES, "deliver", run_id = run, seq, transport);
-            let _ = span.set_parent(cx);
-            span.in_scope(|| {});
+            deliver_span(&cx, run, seq, transport);
         }
     }
+}
+
+/// One `deliver` span, below the append's `notify`.
+fn deliver_span(cx: &Context, run: &str, seq: i64, transport: &'static str) {
+    let span = tracing::info_span!(target: crate::storage::TRACES, "deliver", run_id = run, seq, transport);
+    let _ = span.set_parent(cx.clone());
+    span.in_scope(|| {});
 }

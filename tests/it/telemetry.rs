@@ -108,6 +108,27 @@ async fn one_trace_follows_an_append_from_traceparent_to_each_delivery() {
             tokio::time::timeout(Duration::from_secs(10), sse.next()).await.expect("sse").expect("more");
         text.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
     }
+    // More appends, each in its own trace. The row writer wakes the subscriber as it
+    // commits, often before the appender's task has registered its trace: each delivery
+    // must still land in its append's trace.
+    let more: Vec<String> = (0..20).map(|i| format!("5ca1ab1e{i:024x}")).collect();
+    for (i, tr) in more.iter().enumerate() {
+        let r = t
+            .http
+            .post(format!("{base}/v1/runs/{run}/events"))
+            .bearer_auth(&t.key_a)
+            .header("traceparent", format!("00-{tr}-00f067aa0ba902b7-01"))
+            .json(&json!([{"type": "text.delta", "payload": {"text": format!("t{i}-")}}]))
+            .send()
+            .await
+            .expect("append");
+        assert_eq!(r.status(), 201);
+    }
+    while !text.contains("t19-") {
+        let chunk =
+            tokio::time::timeout(Duration::from_secs(10), sse.next()).await.expect("sse").expect("more");
+        text.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+    }
     drop(sse);
     // A graceful stop sends what is buffered.
     let pid = nix::unistd::Pid::from_raw(child.id().expect("pid") as i32);
@@ -129,4 +150,14 @@ async fn one_trace_follows_an_append_from_traceparent_to_each_delivery() {
     // Each delivery hangs below the notify that woke its subscriber.
     assert_eq!(find("deliver").2, find("notify").1);
     assert!(find("deliver").4.to_string().contains("sse"), "{}", find("deliver").4);
+    for tr in &more {
+        let of = |name: &str| all.iter().find(|s| &s.0 == tr && s.3 == name);
+        let (Some(notify), Some(deliver)) = (of("notify"), of("deliver")) else {
+            panic!(
+                "trace {tr} lacks its notify or deliver span: {:?}",
+                all.iter().filter(|s| &s.0 == tr).map(|s| &s.3).collect::<Vec<_>>()
+            );
+        };
+        assert_eq!(deliver.2, notify.1, "trace {tr}: the delivery hangs below its notify");
+    }
 }

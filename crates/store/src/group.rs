@@ -507,7 +507,7 @@ async fn try_group(
         Ok(None) => run_group(&client, sink, tenant, runs, slots, &jobs).await,
         Err(failed) => Err(failed),
     };
-    let (results, state, written) = match outcome {
+    let (results, mut state, written) = match outcome {
         Ok(built) => built,
         Err(failed) => {
             super::db::discard(client);
@@ -543,9 +543,10 @@ async fn try_group(
             }
         }
     };
+    // The guards move into the slots rather than being copied: `state` ends here.
     for (i, r) in runs.iter().enumerate() {
-        if let Some(s) = state.get(r) {
-            *slots[i] = Some(Cached::confirmed(s.guard.clone(), s.last_id));
+        if let Some(s) = state.remove(r) {
+            *slots[i] = Some(Cached::confirmed(s.guard, s.last_id));
         }
     }
     if let Some(sink) = sink {
@@ -790,8 +791,8 @@ async fn accept(
                 continue;
             }
         }
-        let mut guard = run.guard.clone();
-        let mids = match crate::rows::check(&mut guard, run.last_seq + 1, events, Origin::Producer) {
+        // `check` works on a copy of its own and leaves the guard as it was on a refusal.
+        let mids = match crate::rows::check(&mut run.guard, run.last_seq + 1, events, Origin::Producer) {
             Ok(mids) => mids,
             Err(r) => {
                 results.push(Err(Error::Rejected(r)));
@@ -812,7 +813,6 @@ async fn accept(
         }));
         run.last_seq += n;
         run.last_id = ids.last().copied();
-        run.guard = guard;
     }
     (results, rows, written)
 }

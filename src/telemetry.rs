@@ -98,6 +98,8 @@ pub fn continue_trace(span: &tracing::Span, headers: &axum::http::HeaderMap) {
 const PER_RUN: usize = 64;
 /// Runs remembered; the oldest go first.
 const RUNS: usize = 4096;
+/// Early deliveries held for runs not (yet) appended to here, across all of them.
+const UNKNOWN: usize = 1024;
 
 /// What is remembered of one run.
 #[derive(Default)]
@@ -113,30 +115,34 @@ struct Run {
     early: VecDeque<(i64, &'static str)>,
 }
 
+/// Everything [`Traces`] remembers.
+#[derive(Default)]
+struct State {
+    /// The runs appended to here.
+    by_run: HashMap<String, Run>,
+    /// Their ids in the order they were first appended to (for eviction).
+    order: VecDeque<String>,
+    /// Early deliveries of runs with no append here yet (a new run's first events, or
+    /// runs another process writes): kept apart, so that they take no place among
+    /// [`RUNS`] and evict no run appended to here.
+    unknown: VecDeque<(String, i64, &'static str)>,
+}
+
 /// The trace contexts of recent appends, by run and seq range (empty when tracing is off).
 #[derive(Default)]
 pub struct Traces {
-    /// By run, and the runs in the order they were first seen (for eviction).
-    runs: Mutex<(HashMap<String, Run>, VecDeque<String>)>,
+    state: Mutex<State>,
+}
+
+/// Keeps the last `cap` of `queue`.
+fn push_capped<T>(queue: &mut VecDeque<T>, item: T, cap: usize) {
+    queue.push_back(item);
+    if queue.len() > cap {
+        queue.pop_front();
+    }
 }
 
 impl Traces {
-    /// The run's entry, made (and the oldest runs forgotten) if it is new.
-    fn run<'a>(guard: &'a mut (HashMap<String, Run>, VecDeque<String>), run: &str) -> &'a mut Run {
-        let (by_run, order) = guard;
-        if !by_run.contains_key(run) {
-            while order.len() >= RUNS {
-                if let Some(old) = order.pop_front() {
-                    by_run.remove(&old);
-                }
-            }
-            order.push_back(run.to_owned());
-            by_run.insert(run.to_owned(), Run::default());
-        }
-        // Looked up rather than `entry`: a known run (every delivery) costs no new String.
-        by_run.get_mut(run).expect("the run is there: inserted above if it was not")
-    }
-
     /// Remembers that the current span's trace wrote `first..=last` of `run`, and
     /// records the deliveries of those seqs that came first.
     pub fn appended(&self, run: &str, first: i64, last: i64) {
@@ -149,12 +155,28 @@ impl Traces {
         }
         let mut early = vec![];
         {
-            let mut guard = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-            let entry = Self::run(&mut guard, run);
-            entry.appends.push_back((first, last, cx.clone()));
-            if entry.appends.len() > PER_RUN {
-                entry.appends.pop_front();
+            let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let State { by_run, order, unknown } = &mut *guard;
+            if !by_run.contains_key(run) {
+                while order.len() >= RUNS {
+                    if let Some(old) = order.pop_front() {
+                        by_run.remove(&old);
+                    }
+                }
+                order.push_back(run.to_owned());
+                // What was held for the run before it was known becomes its own.
+                let mut new = Run::default();
+                unknown.retain(|(r, seq, transport)| {
+                    let mine = r == run;
+                    if mine {
+                        push_capped(&mut new.early, (*seq, *transport), PER_RUN);
+                    }
+                    !mine
+                });
+                by_run.insert(run.to_owned(), new);
             }
+            let Some(entry) = by_run.get_mut(run) else { return };
+            push_capped(&mut entry.appends, (first, last, cx.clone()), PER_RUN);
             entry.early.retain(|&(seq, transport)| {
                 let mine = (first..=last).contains(&seq);
                 if mine {
@@ -175,17 +197,25 @@ impl Traces {
             return;
         }
         let cx = {
-            let mut guard = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-            let entry = Self::run(&mut guard, run);
-            let cx =
-                entry.appends.iter().find(|(f, l, _)| (*f..=*l).contains(&seq)).map(|(_, _, c)| c.clone());
-            if cx.is_none() {
-                entry.early.push_back((seq, transport));
-                if entry.early.len() > PER_RUN {
-                    entry.early.pop_front();
+            let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let State { by_run, unknown, .. } = &mut *guard;
+            match by_run.get_mut(run) {
+                None => {
+                    push_capped(unknown, (run.to_owned(), seq, transport), UNKNOWN);
+                    None
+                }
+                Some(entry) => {
+                    let cx = entry
+                        .appends
+                        .iter()
+                        .find(|(f, l, _)| (*f..=*l).contains(&seq))
+                        .map(|(_, _, c)| c.clone());
+                    if cx.is_none() {
+                        push_capped(&mut entry.early, (seq, transport), PER_RUN);
+                    }
+                    cx
                 }
             }
-            cx
         };
         if let Some(cx) = cx {
             deliver_span(&cx, run, seq, transport);

@@ -386,6 +386,8 @@ pub struct Feeds {
     /// Started by the first feed (it needs the store, which `join` brings).
     combined: OnceLock<Reads>,
     reads: Arc<AtomicU64>,
+    /// The part of `reads` subscribers made on their own.
+    own_reads: AtomicU64,
     folds: AtomicU64,
     /// Events feeds took from this process's commits instead of reading them.
     taken: AtomicU64,
@@ -419,6 +421,19 @@ impl Feeds {
 
     pub(crate) fn count_read(&self) {
         self.reads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Of [`Feeds::reads`], the SELECTs subscribers made on their own (joining, a gap,
+    /// lagging): a count that has reached every joiner's read says none of them can
+    /// still read an append that comes later (a feed's reads are not in it, so it is
+    /// exact whenever a feed reads).
+    pub fn own_reads(&self) -> u64 {
+        self.own_reads.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_own_read(&self) {
+        self.own_reads.fetch_add(1, Ordering::Relaxed);
+        self.count_read();
     }
 
     /// Events folded by the reducer for live delivery (feeds plus subscribers' own

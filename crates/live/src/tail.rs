@@ -246,7 +246,7 @@ impl Tail {
                 // reached every joiner's read then says none of them can still see an
                 // append that comes after (the fold test waits on it).
                 let read = read.await;
-                self.live.feeds.count_read();
+                self.live.feeds.count_own_read();
                 match read {
                     Ok((run, evs)) => {
                         // Caught up once the read reaches the run's last seq as it was

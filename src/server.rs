@@ -1,8 +1,14 @@
 //! Wiring a service together: resolve the database (given, or the embedded default),
 //! migrate, make sure the dev tenant exists, serve HTTP until a signal, stop cleanly.
 
+use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -163,15 +169,147 @@ async fn serve_on(database: &Database, opts: &ServeOptions) -> anyhow::Result<()
         draining.shut_down();
     };
     let stall = app.settings.ws.stall;
-    axum::serve(streaming(listener, stall), per_connection(crate::http::router(app.clone())))
-        .with_graceful_shutdown(stop)
-        .await?;
+    serve_http(streaming(listener, stall), crate::http::router(app.clone()), stop).await;
     if !app.sockets_closed(Duration::from_secs(2)).await {
         tracing::warn!("some WebSocket connections did not close within 2 s");
     }
     app.live.stop_listening();
     tracing::info!("shut down");
     Ok(())
+}
+
+/// Serves `router` on `listener` until `stop` resolves, then stops accepting, asks every
+/// open connection to close once its requests are answered, and returns when all have
+/// (streams end on their own when the app shuts down: see `App::shut_down`).
+///
+/// Our own accept loop over hyper-util rather than `axum::serve`: axum's wraps every
+/// connection in a `select!` that polls its shutdown signal (one `Notify` for all
+/// connections, whose waiting poll takes its mutex) on every poll of the connection.
+/// Here a connection registers its waker once and checks a flag per poll: 1,130-1,330
+/// fewer instructions a streamed line with its delivery (1.9%), 2.1% fewer an append
+/// delivered to 8 subscribers (docs/benchmarks-log.md, 2026-12-06 23:20).
+pub async fn serve_http<L>(mut listener: L, router: axum::Router, stop: impl Future<Output = ()>)
+where
+    L: axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr>,
+{
+    // The routes made ready once, each connection cloning an `Arc`. Given a `Router`
+    // itself, `axum::serve` rebuilt them for each connection (`Router::with_state`,
+    // which clones every route's stack of layers) and dropped them when it closed: a
+    // connection that made one request cost the server 117-131 µs of CPU against 21-24
+    // µs for a request on an open one, and each open connection held ~64 KiB of routes
+    // (docs/benchmarks-log.md, 2026-11-29 19:10).
+    let router: axum::Router = router.with_state(());
+    let drain = Arc::new(Drain::default());
+    // Each connection holds a receiver; `closed` resolves when the last is dropped.
+    let (open_tx, open_rx) = tokio::sync::watch::channel(());
+    let mut stop = pin!(stop);
+    loop {
+        let (io, _) = tokio::select! {
+            biased;
+            () = &mut stop => break,
+            accepted = listener.accept() => accepted,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let (drain, open) = (drain.clone(), open_rx.clone());
+        tokio::spawn(async move {
+            let mut builder = Builder::new(hyper_util::rt::TokioExecutor::new());
+            // HTTP/2 WebSockets (RFC 8441) need the CONNECT protocol, as axum::serve enables.
+            builder.http2().enable_connect_protocol();
+            let conn = builder.serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(io), service);
+            let conn = pin!(conn);
+            let drained = Drained::new(conn, drain, |c| c.graceful_shutdown());
+            if let Err(e) = drained.await {
+                tracing::trace!(error = %e, "connection ended with an error");
+            }
+            drop(open);
+        });
+    }
+    drop(listener);
+    drop(open_rx);
+    drain.close();
+    open_tx.closed().await;
+}
+
+type Builder = hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>;
+
+/// The open connections' wakers, woken once when the server stops.
+#[derive(Default)]
+struct Drain {
+    closing: AtomicBool,
+    wakers: Mutex<(u64, HashMap<u64, Waker>)>,
+}
+
+impl Drain {
+    /// Flags every connection to close and wakes each so that it sees the flag.
+    fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+        let wakers = self.wakers.lock().unwrap_or_else(|p| p.into_inner());
+        for w in wakers.1.values() {
+            w.wake_by_ref();
+        }
+    }
+
+    /// Registers (or replaces) a connection's waker under `id`, or under a new id.
+    fn register(&self, id: Option<u64>, waker: &Waker) -> u64 {
+        let mut wakers = self.wakers.lock().unwrap_or_else(|p| p.into_inner());
+        let id = id.unwrap_or_else(|| {
+            wakers.0 += 1;
+            wakers.0
+        });
+        wakers.1.insert(id, waker.clone());
+        id
+    }
+
+    fn forget(&self, id: u64) {
+        self.wakers.lock().unwrap_or_else(|p| p.into_inner()).1.remove(&id);
+    }
+}
+
+/// A connection that closes gracefully once its server stops.
+struct Drained<'a, C> {
+    conn: Pin<&'a mut C>,
+    drain: Arc<Drain>,
+    /// The waker registered with `drain` (re-registered only should the task's change).
+    waker: Option<(u64, Waker)>,
+    /// Asks the connection to close once its requests are answered (taken when used).
+    shut_down: Option<fn(Pin<&mut C>)>,
+}
+
+impl<'a, C> Drained<'a, C> {
+    fn new(conn: Pin<&'a mut C>, drain: Arc<Drain>, shut_down: fn(Pin<&mut C>)) -> Self {
+        Drained { conn, drain, waker: None, shut_down: Some(shut_down) }
+    }
+}
+
+impl<C: Future> Future for Drained<'_, C> {
+    type Output = C::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<C::Output> {
+        let this = &mut *self;
+        match &this.waker {
+            Some((_, w)) if w.will_wake(cx.waker()) => {}
+            other => {
+                let id = this.drain.register(other.as_ref().map(|(id, _)| *id), cx.waker());
+                this.waker = Some((id, cx.waker().clone()));
+            }
+        }
+        // Checked after registering: `close` sets the flag before it wakes, so a
+        // connection registered after the wake-ups still sees it here.
+        if this.shut_down.is_some() && this.drain.closing.load(Ordering::Acquire) {
+            if let Some(shut_down) = this.shut_down.take() {
+                shut_down(this.conn.as_mut());
+            }
+        }
+        this.conn.as_mut().poll(cx)
+    }
+}
+
+impl<C> Drop for Drained<'_, C> {
+    fn drop(&mut self) {
+        if let Some((id, _)) = self.waker.take() {
+            self.drain.forget(id);
+        }
+    }
 }
 
 /// Connections the kernel may hold for the service to accept (capped by the kernel at
@@ -190,19 +328,6 @@ pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(LISTEN_BACKLOG)
-}
-
-/// The service every connection gets: `router`, its routes made ready once, shared.
-///
-/// Given a `Router` itself, `axum::serve` rebuilds the routes for each connection
-/// (`Router::with_state`, which clones every route's stack of layers when the router is
-/// shared) and drops them when it closes: a connection that made one request cost the
-/// server 117-131 µs of CPU against 21-24 µs for a request on an open one, and each
-/// open connection held ~64 KiB of routes (10,000 SSE subscribers: 94.5 KiB each
-/// against 25.5 now; docs/benchmarks-log.md, 2026-11-29 19:10). Built once here, each
-/// connection clones an `Arc`.
-pub fn per_connection(router: axum::Router) -> axum::routing::IntoMakeService<axum::Router> {
-    router.with_state(()).into_make_service()
 }
 
 /// Unsent bytes a connection's socket may queue before it stops taking more.
@@ -389,5 +514,65 @@ mod tests {
             accepted.push(tcp);
         }
         assert_eq!(accepted.len(), held.len(), "every connection of the burst is accepted");
+    }
+
+    /// Stopping `serve_http`: no new connection is accepted, an idle keep-alive
+    /// connection is closed at once (it is woken for that, though nothing arrives on
+    /// it), a request in flight is still answered, and the server returns once that
+    /// connection has closed.
+    #[tokio::test]
+    async fn a_stop_closes_idle_connections_and_answers_the_request_in_flight() {
+        use std::time::Duration;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let release = std::sync::Arc::new(tokio::sync::Notify::new());
+        let held = release.clone();
+        let router = axum::Router::new().route("/fast", axum::routing::get(|| async { "ok" })).route(
+            "/slow",
+            axum::routing::get(move || async move {
+                held.notified().await;
+                "done"
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(super::serve_http(super::no_delay(listener), router, async {
+            let _ = stopped.await;
+        }));
+        // Reads until `end` (or end of stream, or 5 s): what arrived.
+        async fn read_until(tcp: &mut tokio::net::TcpStream, end: &str) -> String {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while !String::from_utf8_lossy(&got).ends_with(end) {
+                match tokio::time::timeout_at(deadline, tcp.read(&mut buf)).await {
+                    Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+                    _ => break,
+                }
+            }
+            String::from_utf8_lossy(&got).into_owned()
+        }
+        let mut idle = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        idle.write_all(b"GET /fast HTTP/1.1\r\nhost: x\r\n\r\n").await.expect("write");
+        assert!(read_until(&mut idle, "ok").await.starts_with("HTTP/1.1 200"), "answered before the stop");
+        let mut busy = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        busy.write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n").await.expect("write");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stop.send(()).expect("the server is running");
+        // The idle connection is closed: its read ends without a byte.
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(5), idle.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(0))), "the idle connection is closed at the stop: {read:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            tokio::net::TcpStream::connect(addr).await.is_err(),
+            "no connection is accepted after the stop"
+        );
+        assert!(!server.is_finished(), "the server waits for the request in flight");
+        release.notify_one();
+        let answer = read_until(&mut busy, "done").await;
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("done"), "{answer}");
+        let ended = tokio::time::timeout(Duration::from_secs(5), server).await;
+        assert!(matches!(ended, Ok(Ok(()))), "the server returns once its last connection closed");
     }
 }

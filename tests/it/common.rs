@@ -24,9 +24,10 @@ pub async fn serve_app(addr: &str, app: AppRef) -> (String, tokio::task::JoinHan
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let router = agent_stream::http::router(app);
     let task = tokio::spawn(async move {
-        let _ = axum::serve(
+        agent_stream::server::serve_http(
             agent_stream::server::no_delay(listener),
-            agent_stream::server::per_connection(router),
+            router,
+            std::future::pending(),
         )
         .await;
     });

@@ -142,7 +142,12 @@ async fn main() {
     let addr = listener.local_addr().expect("addr");
     let tenant = app.authenticate(Some(&key)).await.expect("key").tenant_id;
     let router = agent_stream::http::router(app.clone());
-    tokio::spawn(async move { axum::serve(agent_stream::server::no_delay(listener), router).await });
+    let serve = agent_stream::server::serve_http(
+        agent_stream::server::no_delay(listener),
+        router,
+        std::future::pending(),
+    );
+    tokio::spawn(serve);
     let base_url = format!("http://{addr}");
     let base = Instant::now();
 

@@ -153,7 +153,12 @@ async fn setup() -> Option<Env> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let router = agent_stream::http::router(app);
-    tokio::spawn(async move { axum::serve(agent_stream::server::no_delay(listener), router).await });
+    let serve = agent_stream::server::serve_http(
+        agent_stream::server::no_delay(listener),
+        router,
+        std::future::pending(),
+    );
+    tokio::spawn(serve);
 
     // The baseline table: LIKE ... INCLUDING ALL copies columns, defaults, CHECK
     // constraints and indexes, but neither foreign keys nor row-level security.

@@ -816,6 +816,7 @@ mod tests {
 
     #[test]
     fn the_log_filter_builds_no_span_it_refuses_and_never_the_drivers_parameters() {
+        let _one = crate::log_capture::one_subscriber_at_a_time();
         use tracing_subscriber::filter::EnvFilter;
         use tracing_subscriber::prelude::*;
         // The service's own layers, without OpenTelemetry (as when OTEL_* is unset).
@@ -852,6 +853,7 @@ mod tests {
     /// log is not a terminal.
     #[test]
     fn a_log_line_has_the_requests_context_in_plain_text() {
+        let _one = crate::log_capture::one_subscriber_at_a_time();
         use tracing_subscriber::filter::EnvFilter;
         use tracing_subscriber::prelude::*;
         for ansi in [false, true] {

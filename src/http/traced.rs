@@ -174,6 +174,7 @@ mod tests {
     /// error; each line with its request's method, path and id.
     #[test]
     fn answers_are_logged_at_their_level_with_the_requests_context() {
+        let _one = crate::log_capture::one_subscriber_at_a_time();
         let cut = || async {
             let parts: Vec<Result<bytes::Bytes, std::io::Error>> =
                 vec![Ok(bytes::Bytes::from_static(b"part")), Err(std::io::Error::other("export failed"))];

@@ -6,7 +6,6 @@
 //! is re-armed once per interval rather than after every frame.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -16,6 +15,8 @@ use axum::http::{header, HeaderValue};
 use axum::response::Response;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::Stream;
+use http_body::Frame;
+use http_body_util::combinators::UnsyncBoxBody;
 
 use crate::dialect::{Cursor, Data, Out};
 use crate::live::alarm::Idle;
@@ -113,47 +114,57 @@ pub(crate) fn response<S>(chunks: S) -> Response
 where
     S: Stream<Item = Bytes> + Send + 'static,
 {
-    let body = KeepAlive::new(Box::pin(chunks), KEEPALIVE);
-    let mut r = Response::new(Body::from_stream(body));
+    // Boxed here with axum's own error type, so `Body::new` takes the box as it is:
+    // given a `Body::from_stream`, it wraps a stream adapter, a `StreamBody` and two
+    // error maps around it, each moving the whole polled frame, on every poll of every
+    // subscriber's body (~110 of the ~8,200 instructions one more subscriber of a page
+    // cost, docs/benchmarks-log.md, 2026-12-07 02:00).
+    let body = KeepAlive { chunks, idle: Idle::new(KEEPALIVE), opened: false };
+    let mut r = Response::new(Body::new(UnsyncBoxBody::new(body)));
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     r
 }
 
-/// Chunks, after the `retry:` hint (sent at once, so a client that reconnects before
-/// any event arrived still has it), with keep-alive comments in the silences.
-struct KeepAlive {
-    chunks: Pin<Box<dyn Stream<Item = Bytes> + Send>>,
-    /// Sending a chunk only reads the clock; waiting for the next one does not poll
-    /// the timer again ([`Idle`]).
-    idle: Idle,
-    opened: bool,
-}
-
-impl KeepAlive {
-    fn new(chunks: Pin<Box<dyn Stream<Item = Bytes> + Send>>, every: Duration) -> KeepAlive {
-        KeepAlive { chunks, idle: Idle::new(every), opened: false }
+pin_project_lite::pin_project! {
+    /// The body: chunks, after the `retry:` hint (sent at once, so a client that
+    /// reconnects before any event arrived still has it), with keep-alive comments in
+    /// the silences.
+    struct KeepAlive<S> {
+        #[pin]
+        chunks: S,
+        // Sending a chunk only reads the clock; waiting for the next one does not poll
+        // the timer again ([`Idle`]).
+        idle: Idle,
+        opened: bool,
     }
 }
 
-impl Stream for KeepAlive {
-    type Item = Result<Bytes, Infallible>;
+impl<S: Stream<Item = Bytes>> http_body::Body for KeepAlive<S> {
+    type Data = Bytes;
+    type Error = axum::Error;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        if !this.opened {
-            this.opened = true;
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = self.project();
+        if !*this.opened {
+            *this.opened = true;
             // A block with no data dispatches no event; EventSource keeps the delay.
-            return Poll::Ready(Some(Ok(Bytes::from(format!("retry: {}\n\n", RETRY.as_millis())))));
+            let hint = Bytes::from(format!("retry: {}\n\n", RETRY.as_millis()));
+            return Poll::Ready(Some(Ok(Frame::data(hint))));
         }
-        match this.chunks.as_mut().poll_next(cx) {
+        match this.chunks.poll_next(cx) {
             Poll::Ready(Some(c)) => {
                 this.idle.wrote();
-                Poll::Ready(Some(Ok(c)))
+                Poll::Ready(Some(Ok(Frame::data(c))))
             }
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => this.idle.poll_due(cx).map(|()| Some(Ok(Bytes::from_static(KEEPALIVE_COMMENT)))),
+            Poll::Pending => {
+                this.idle.poll_due(cx).map(|()| Some(Ok(Frame::data(Bytes::from_static(KEEPALIVE_COMMENT)))))
+            }
         }
     }
 }
@@ -162,7 +173,7 @@ impl Stream for KeepAlive {
 mod tests {
     use super::*;
     use crate::dialect::Wire;
-    use futures::StreamExt;
+    use http_body_util::BodyExt;
     use tokio::time::Instant;
 
     fn text(b: &Bytes) -> &str {
@@ -216,10 +227,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn keepalive_fills_silences_only() {
         let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
-        let chunks = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
-        let mut body = KeepAlive::new(chunks, KEEPALIVE);
-        async fn next(b: &mut KeepAlive) -> Option<Bytes> {
-            b.next().await.and_then(|r| r.ok())
+        let chunks = tokio_stream::wrappers::ReceiverStream::new(rx);
+        // Through the response, as hyper polls it.
+        let mut body = response(chunks).into_body();
+        async fn next(b: &mut Body) -> Option<Bytes> {
+            b.frame().await.and_then(|r| r.ok()).and_then(|f| f.into_data().ok())
         }
         let start = Instant::now();
         // A chunk every 10 s for a minute: never 15 s of silence, so no comment. The

@@ -19,6 +19,7 @@ use axum::body::{Body, HttpBody};
 use axum::extract::Request;
 use axum::http::HeaderName;
 use axum::response::{IntoResponse, Response};
+use http_body_util::combinators::UnsyncBoxBody;
 use tracing::Span;
 
 /// Where the request lines go: `AGENT_STREAM_LOG=...,agent_stream::requests=debug` shows them.
@@ -121,7 +122,9 @@ where
         } else {
             tracing::debug!(target: TARGET, parent: &span, status = status.as_u16(), ?latency, "finished processing request");
         }
-        Poll::Ready(Ok(resp.map(|inner| Body::new(SpanHeld { inner, span }))))
+        // Boxed with axum's error type so `Body::new` keeps the box rather than wrapping
+        // an error map around it, polled on every poll of a stream's body.
+        Poll::Ready(Ok(resp.map(|inner| Body::new(UnsyncBoxBody::new(SpanHeld { inner, span })))))
     }
 }
 

@@ -295,8 +295,9 @@ impl<C: Future> Future for Drained<'_, C> {
         }
         // Checked after registering: `close` sets the flag before it wakes, so a
         // connection registered after the wake-ups still sees it here.
-        if this.shut_down.is_some() && this.drain.closing.load(Ordering::Acquire) {
-            if let Some(shut_down) = this.shut_down.take() {
+        if let Some(shut_down) = this.shut_down {
+            if this.drain.closing.load(Ordering::Acquire) {
+                this.shut_down = None;
                 shut_down(this.conn.as_mut());
             }
         }

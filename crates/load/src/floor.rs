@@ -57,7 +57,12 @@ fn log_of(runs: &Shared, path: &str) -> Option<Arc<Mutex<Log>>> {
 pub async fn serve(listen: &str) -> anyhow::Result<()> {
     // With the service's backlog: a burst of subscribers must meet the same kernel queue.
     let addr: std::net::SocketAddr = listen.parse()?;
-    let listener = agent_stream::server::listen(addr)?;
+    serve_on(agent_stream::server::listen(addr)?).await
+}
+
+/// Serves the floor on a bound `listener` until killed (a caller that needs the port
+/// before the floor runs binds it first, so no one else can take it in between).
+pub async fn serve_on(listener: tokio::net::TcpListener) -> anyhow::Result<()> {
     let runs = Shared::default();
     loop {
         let (stream, _) = listener.accept().await?;
@@ -247,20 +252,13 @@ mod tests {
     /// as the lines of a streaming append, and each run apart from the others.
     #[tokio::test]
     async fn the_floor_serves_history_then_each_append_once_in_order() {
-        let port =
-            std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
-        let addr = format!("127.0.0.1:{port}");
-        tokio::spawn({
-            let addr = addr.clone();
-            async move { super::serve(&addr).await }
-        });
+        // Bound here and handed over: a port probed and released could be taken by
+        // another test before the floor binds it (seen once in CI as a reset).
+        let listener = agent_stream::server::listen("127.0.0.1:0".parse().expect("address")).expect("listen");
+        let addr = listener.local_addr().expect("port").to_string();
+        tokio::spawn(super::serve_on(listener));
         let base = format!("http://{addr}");
-        let mut http = loop {
-            if let Ok(c) = Conn::open(&base).await {
-                break c;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
+        let mut http = Conn::open(&base).await.expect("the floor accepts");
         let missing = http.post("/v1/runs/nope/events", "k", ticks(1)).await.expect("append");
         assert_eq!(missing.status, 404);
         for _ in 0..2 {

@@ -231,7 +231,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::http::{AppendStream, Conn};
-    use crate::support::SseReader;
+    use crate::support::{AckLine, BareAppend, SseReader};
 
     /// Reads until `ids` holds `n` seqs, within 5 s.
     async fn read_to(sub: &mut SseReader, ids: &mut Vec<i64>, n: usize) {
@@ -291,7 +291,33 @@ mod tests {
                 assert_eq!(ack["count"].as_u64(), Some(1));
             }
             read_to(&mut sub, &mut ids, 7).await;
-            assert_eq!(ids, [1, 2, 3, 4, 5, 6, 7]);
+            // The same through the bare client many-runs' producers use: each line
+            // acknowledged with its seq and its number, then the end of the answer once
+            // the body ends.
+            let mut bare = BareAppend::open(&addr, &run, "k").await.expect("bare streaming append");
+            let mut acks = vec![];
+            for n in 1..=2u64 {
+                bare.write_line(br#"{"type":"text.delta","payload":{"text":"b"}}"#).await.expect("line");
+                while acks.len() < n as usize {
+                    let open = tokio::time::timeout(Duration::from_secs(5), bare.read_acks(&mut acks))
+                        .await
+                        .expect("an acknowledgement within 5 s")
+                        .expect("read");
+                    assert!(open, "the answer ended early");
+                }
+                assert_eq!(
+                    acks[n as usize - 1],
+                    AckLine::Committed { first_seq: 7 + n as i64, first_line: n, count: 1 }
+                );
+            }
+            bare.finish().await.expect("end the body");
+            let open = tokio::time::timeout(Duration::from_secs(5), bare.read_acks(&mut acks))
+                .await
+                .expect("the end within 5 s")
+                .expect("read");
+            assert!(!open && acks.len() == 2, "the answer ends with the body: {acks:?}");
+            read_to(&mut sub, &mut ids, 9).await;
+            assert_eq!(ids, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
         }
     }
 }

@@ -30,14 +30,14 @@
 //! `MANY_PHASE=open` has each producer tick from its open instead of at a random phase.
 
 use std::collections::HashMap;
+use std::fmt::Write;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::http::{AppendStream, Conn};
-use super::support::{self, SseReader};
+use super::http::Conn;
+use super::support::{self, AckLine, BareAppend, SseReader};
 use agent_stream::auth::Scope;
 use agent_stream::storage::{db, tenants};
 
@@ -78,16 +78,23 @@ fn span(first: Option<Instant>, last: Option<Instant>) -> Duration {
     }
 }
 
-/// What one producer did: appends answered, and over how long ([`span`]).
-#[derive(Clone, Copy, Default)]
+/// What one producer did: appends answered, over how long ([`span`]), and what each
+/// took. Each producer keeps its own, merged once the pass is over: a map shared by
+/// 1,000 producers was a lock taken 20,000 times a second by the tool being measured.
+#[derive(Default)]
 struct Produced {
     appends: u64,
     span: Duration,
+    /// (seq, when its append was sent, µs from the pass's `t0`) of each answered append.
+    sent: Vec<(i64, u64)>,
+    /// Append sent → its answer (201, or the acknowledgement line), in ms: how long the
+    /// commit took as the producer saw it, apart from the delivery to the subscriber.
+    committed: Vec<f64>,
 }
 
 impl Produced {
     /// Appends answered per second of the producer's span (0 for one that never sent).
-    fn rate(self) -> f64 {
+    fn rate(&self) -> f64 {
         if self.span.is_zero() {
             0.0
         } else {
@@ -96,74 +103,71 @@ impl Produced {
     }
 }
 
-/// One streaming producer: one long-lived `POST /v1/runs/{id}/events/stream`, a line
-/// every 50 ms for `secs`; each acknowledged line's seq is recorded with the time it
-/// was written. Returns the events acknowledged and the span they were written over.
-async fn stream_producer(
-    base: String,
-    key: String,
-    run: String,
-    i: usize,
-    secs: u64,
-    t0: Instant,
-    sent: Arc<Mutex<HashMap<(usize, i64), u64>>>,
-) -> Produced {
-    use futures::SinkExt;
-    let Ok(stream) = AppendStream::open(&base, &run, &key).await else { return Produced::default() };
-    let (mut lines, mut acks) = stream.split();
-    // Line number -> the time it was written.
-    let written: Arc<Mutex<HashMap<u64, u64>>> = Default::default();
-    let writer = {
-        let written = written.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(phase(), EVERY);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            let (deadline, mut n) = (Instant::now() + Duration::from_secs(secs), 0u64);
-            let (mut first, mut last) = (None, None);
-            while Instant::now() < deadline {
-                tick.tick().await;
-                n += 1;
-                let line = json!({"type": "text.delta", "payload": {"text": format!("token {n} ")}});
-                written.lock().unwrap_or_else(|p| p.into_inner()).insert(n, t0.elapsed().as_micros() as u64);
-                if lines.send(super::http::frame(line.to_string().as_bytes())).await.is_err() {
+/// One streaming producer: one long-lived `POST /v1/runs/{id}/events/stream` on a bare
+/// connection ([`BareAppend`]), a line every 50 ms for `secs`, written and its
+/// acknowledgements read by this one task; each acknowledged line's seq is recorded with
+/// the time it was written.
+async fn stream_producer(addr: String, key: String, run: String, secs: u64, t0: Instant) -> Produced {
+    let Ok(mut stream) = BareAppend::open(&addr, &run, &key).await else { return Produced::default() };
+    // When line k + 1 was written (µs from `t0`).
+    let mut written: Vec<u64> = Vec::with_capacity(secs as usize * 20 + 1);
+    let mut tick = tokio::time::interval_at(phase(), EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let (mut first, mut last, mut writing) = (None, None, true);
+    let (mut out, mut acks, mut line) = (Produced::default(), Vec::new(), String::new());
+    loop {
+        tokio::select! {
+            _ = tick.tick(), if writing => {
+                if Instant::now() >= deadline {
+                    writing = false;
+                    if stream.finish().await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+                line.clear();
+                let n = written.len() + 1;
+                let _ = write!(line, r#"{{"type":"text.delta","payload":{{"text":"token {n} "}}}}"#);
+                written.push(t0.elapsed().as_micros() as u64);
+                if stream.write_line(line.as_bytes()).await.is_err() {
                     break;
                 }
                 first = first.or(Some(Instant::now()));
                 last = Some(Instant::now());
             }
-            span(first, last)
-        })
-    };
-    let mut acked = 0u64;
-    while let Ok(Some(a)) = acks.next().await {
-        let (Some(first_seq), Some(first_line), Some(count)) =
-            (a["first_seq"].as_i64(), a["first_line"].as_u64(), a["count"].as_u64())
-        else {
-            if a.get("done").is_none() {
-                eprintln!("run {run}: the streaming append ended with {a}");
-            }
-            break;
-        };
-        let now = t0.elapsed().as_micros() as u64;
-        let written = written.lock().unwrap_or_else(|p| p.into_inner());
-        let mut sent = sent.lock().unwrap_or_else(|p| p.into_inner());
-        let mut committed = COMMITTED.lock().unwrap_or_else(|p| p.into_inner());
-        // The stream has no blank lines, so line k of a group has seq first_seq + k.
-        for k in 0..count {
-            if let Some(at) = written.get(&(first_line + k)) {
-                sent.insert((i, first_seq + k as i64), *at);
-                committed.push(now.saturating_sub(*at) as f64 / 1000.0);
+            r = stream.read_acks(&mut acks) => {
+                let mut open = r.unwrap_or(false);
+                let now = t0.elapsed().as_micros() as u64;
+                for a in acks.drain(..) {
+                    match a {
+                        // The stream has no blank lines, so line k of a group has seq first_seq + k.
+                        AckLine::Committed { first_seq, first_line, count } => {
+                            for k in 0..count {
+                                let Some(at) = (first_line + k).checked_sub(1).and_then(|i| written.get(i as usize)) else {
+                                    continue;
+                                };
+                                out.sent.push((first_seq + k as i64, *at));
+                                out.committed.push(now.saturating_sub(*at) as f64 / 1000.0);
+                            }
+                            out.appends += count;
+                        }
+                        AckLine::Done => open = false,
+                        AckLine::Other(l) => {
+                            eprintln!("run {run}: the streaming append ended with {l}");
+                            open = false;
+                        }
+                    }
+                }
+                if !open {
+                    break;
+                }
             }
         }
-        acked += count;
     }
-    let span = writer.await.unwrap_or_default();
-    Produced { appends: acked, span }
+    out.span = span(first, last);
+    out
 }
-
-/// Append sent → its answer (201, or the acknowledgement line), in ms: how long the
-/// commit took as the producer saw it, apart from the delivery to the subscriber.
-static COMMITTED: Mutex<Vec<f64>> = Mutex::new(Vec::new());
 
 /// Runs the scenario against `schema` of `url`, measuring `bin serve`: with single
 /// appends, then with streaming appends (`MANY_MODE=single` or `streaming` for one).
@@ -402,18 +406,16 @@ async fn pass(
     let (meter, wall0) = (support::CpuMeter::start(Some(server.pid)), Instant::now());
     let began = chrono::Utc::now();
     // The producers: one connection each, an append every 50 ms for `secs`.
-    let sent: Arc<Mutex<HashMap<(usize, i64), u64>>> = Default::default();
-    COMMITTED.lock().unwrap_or_else(|p| p.into_inner()).clear();
     let mut producers = Vec::with_capacity(runs);
-    for (i, run) in ids.iter().enumerate() {
+    for run in &ids {
         if streaming {
-            let (base, key, run, sent) = (server.base.clone(), key.clone(), run.clone(), sent.clone());
-            producers.push(tokio::spawn(stream_producer(base, key, run, i, secs, t0, sent)));
+            producers.push(tokio::spawn(stream_producer(addr.clone(), key.clone(), run.clone(), secs, t0)));
             continue;
         }
-        let (base, key, run, sent) = (server.base.clone(), key.clone(), run.clone(), sent.clone());
+        let (base, key, run) = (server.base.clone(), key.clone(), run.clone());
         producers.push(tokio::spawn(async move {
-            let Ok(mut http) = Conn::open(&base).await else { return Produced::default() };
+            let mut out = Produced::default();
+            let Ok(mut http) = Conn::open(&base).await else { return out };
             let path = format!("/v1/runs/{run}/events");
             let mut tick = tokio::time::interval_at(phase(), EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -428,23 +430,29 @@ async fn pass(
                 match http.post(&path, &key, body.to_string().into()).await {
                     Ok(r) if r.status == 201 => {
                         let ms = (t0.elapsed().as_micros() as u64).saturating_sub(at) as f64 / 1000.0;
-                        COMMITTED.lock().unwrap_or_else(|p| p.into_inner()).push(ms);
+                        out.committed.push(ms);
                         if let Some(seq) = r.json()["last_seq"].as_i64() {
-                            sent.lock().unwrap_or_else(|p| p.into_inner()).insert((i, seq), at);
+                            out.sent.push((seq, at));
                         }
                         n += 1;
                     }
                     _ => break,
                 }
             }
-            Produced { appends: n, span: span(first, last) }
+            out.appends = n;
+            out.span = span(first, last);
+            out
         }));
     }
     let (mut appended, mut achieved) = (0u64, 0.0);
+    // Per run, in `ids`' order: seq -> when its append was sent.
+    let (mut sent, mut committed) = (Vec::with_capacity(runs), Vec::new());
     for p in producers {
         let p = p.await.unwrap_or_default();
         appended += p.appends;
         achieved += p.rate();
+        sent.push(p.sent.into_iter().collect::<HashMap<i64, u64>>());
+        committed.extend(p.committed);
     }
     // The backlog gets up to 10 s.
     let drain = Instant::now() + Duration::from_secs(10);
@@ -464,12 +472,11 @@ async fn pass(
     let commits = support::scrape(&mut watch, "agent_stream_commit_groups_total").await - commits0;
     let rss = support::status_kib(server.pid, "VmRSS:");
     let _ = stop.send(true);
-    let sent = std::mem::take(&mut *sent.lock().unwrap_or_else(|p| p.into_inner()));
     // (sent at, receipt latency in ms) of every append received.
     let mut timed: Vec<(u64, f64)> = vec![];
     for (i, r) in readers.into_iter().enumerate() {
         for (seq, at) in r.await.unwrap_or_default() {
-            if let Some(s) = sent.get(&(i, seq)) {
+            if let Some(s) = sent.get(i).and_then(|run| run.get(&seq)) {
                 timed.push((*s, at.saturating_sub(*s) as f64 / 1000.0));
             }
         }
@@ -490,7 +497,6 @@ async fn pass(
         }
         by_second[s].push(*ms);
     }
-    let mut committed = std::mem::take(&mut *COMMITTED.lock().unwrap_or_else(|p| p.into_inner()));
     Pass {
         by_second: by_second.iter_mut().map(|l| support::pct(l, 0.99)).collect(),
         began,

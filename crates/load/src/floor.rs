@@ -231,7 +231,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::http::{AppendStream, Conn};
-    use crate::support::{AckLine, BareAppend, SseReader};
+    use crate::support::{AckLine, BareAppend, BareConn, SseReader};
 
     /// Reads until `ids` holds `n` seqs, within 5 s.
     async fn read_to(sub: &mut SseReader, ids: &mut Vec<i64>, n: usize) {
@@ -291,6 +291,17 @@ mod tests {
                 assert_eq!(ack["count"].as_u64(), Some(1));
             }
             read_to(&mut sub, &mut ids, 7).await;
+            // A single append through the bare client ingest-single's producers use,
+            // twice on its one connection, then an answer that is not a 201.
+            let mut conn = BareConn::new(&base);
+            for seq in [8, 9] {
+                let a = conn.post(&events, "k", &ticks(1)).await.expect("bare append");
+                assert_eq!(a.status, 201);
+                assert_eq!(a.json()["first_seq"].as_i64(), Some(seq));
+            }
+            let a = conn.post("/v1/runs/nope/events", "k", &ticks(1)).await.expect("bare append");
+            assert_eq!((a.status.as_u16(), a.json()["error"]["code"].as_str()), (404, Some("run_not_found")));
+            read_to(&mut sub, &mut ids, 9).await;
             // The same through the bare client many-runs' producers use: each line
             // acknowledged with its seq and its number, then the end of the answer once
             // the body ends.
@@ -307,7 +318,7 @@ mod tests {
                 }
                 assert_eq!(
                     acks[n as usize - 1],
-                    AckLine::Committed { first_seq: 7 + n as i64, first_line: n, count: 1 }
+                    AckLine::Committed { first_seq: 9 + n as i64, first_line: n, count: 1 }
                 );
             }
             bare.finish().await.expect("end the body");
@@ -316,8 +327,8 @@ mod tests {
                 .expect("the end within 5 s")
                 .expect("read");
             assert!(!open && acks.len() == 2, "the answer ends with the body: {acks:?}");
-            read_to(&mut sub, &mut ids, 9).await;
-            assert_eq!(ids, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+            read_to(&mut sub, &mut ids, 11).await;
+            assert_eq!(ids, (1..=11).collect::<Vec<i64>>());
         }
     }
 }

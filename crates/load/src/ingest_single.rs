@@ -34,7 +34,7 @@ use bytes::Bytes;
 use serde_json::json;
 
 use super::http::{Answer, AppendStream, Conn, H2Conn};
-use super::support;
+use super::support::{self, BareConn};
 
 const SECS: u64 = 5;
 /// Producers of the service's passes, one run and connection each: 64 (the issue's
@@ -302,7 +302,7 @@ async fn service_appends(bin: &Path, url: &str, schema: &str, lanes: usize) -> S
     let pass = Pass::start(bin, url, schema, &format!("load{lanes}"), lanes).await;
     let mut producers = vec![];
     for _ in &pass.runs {
-        producers.push(Reconnecting { base: pass.server.base.clone(), conn: None });
+        producers.push(Reconnecting { conn: BareConn::new(&pass.server.base) });
     }
     produce(pass, producers).await
 }
@@ -334,25 +334,19 @@ trait Poster: Send + 'static {
     fn recover(&mut self) -> impl Future<Output = bool> + Send;
 }
 
-/// One HTTP/1.1 connection of its own, opened again when it breaks.
+/// One HTTP/1.1 connection of its own ([`BareConn`]), opened again when it breaks.
 struct Reconnecting {
-    base: String,
-    conn: Option<Conn>,
+    conn: BareConn,
 }
 
 impl Poster for Reconnecting {
     async fn post(&mut self, path: &str, key: &str, json: Bytes) -> anyhow::Result<Answer> {
-        let conn = match &mut self.conn {
-            Some(c) => c,
-            None => self.conn.insert(Conn::open(&self.base).await?),
-        };
-        conn.post(path, key, json).await
+        Ok(self.conn.post(path, key, &json).await?)
     }
 
     async fn recover(&mut self) -> bool {
         // The connection is gone: a new one for the next append.
-        self.conn = Conn::open(&self.base).await.ok();
-        self.conn.is_some()
+        self.conn.reopen().await
     }
 }
 

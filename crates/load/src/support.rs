@@ -310,12 +310,55 @@ pub async fn scrape(http: &mut Conn, name: &str) -> f64 {
 /// decodes the chunked body and hands out each frame's `id:`. The measuring side
 /// should cost as little as it can: an HTTP client library adds a task hand-off and
 /// a copy per chunk to every receipt it times.
-pub struct SseReader {
+pub struct SseReader(Records);
+
+/// An answer's body on a bare connection, read as records that each end with a separator
+/// (SSE frames, NDJSON lines); chunked or not.
+struct Records {
     stream: tokio::net::TcpStream,
     raw: Vec<u8>,
     body: Vec<u8>,
     chunks: Dechunker,
     chunked: bool,
+}
+
+impl Records {
+    /// The body after an answer's head: `raw` holds what was read past it.
+    fn new(stream: tokio::net::TcpStream, raw: Vec<u8>, chunked: bool) -> Records {
+        Records { stream, raw, body: Vec::with_capacity(16 * 1024), chunks: Dechunker::default(), chunked }
+    }
+
+    /// Reads until a record ending in `sep` completes for which `each` says it took
+    /// something (or the body ends), handing `each` every record completed (without its
+    /// separator); false once the body ended. Cancel-safe: what was read and not yet a
+    /// whole record stays for the next call.
+    async fn read(&mut self, sep: &[u8], mut each: impl FnMut(&[u8]) -> bool) -> std::io::Result<bool> {
+        use tokio::io::AsyncReadExt;
+        loop {
+            // Bytes left over (after the head, or a chunk cut by a read) go first; what
+            // they cannot complete waits for the next read.
+            if self.chunked {
+                self.chunks.feed(&mut self.raw, &mut self.body);
+            } else {
+                self.body.append(&mut self.raw);
+            }
+            let (mut start, mut took) = (0, false);
+            while let Some(i) = self.body[start..].windows(sep.len()).position(|w| w == sep) {
+                took |= each(&self.body[start..start + i]);
+                start += i + sep.len();
+            }
+            self.body.drain(..start);
+            if self.chunks.ended() {
+                return Ok(false);
+            }
+            if took {
+                return Ok(true);
+            }
+            if self.stream.read_buf(&mut self.raw).await? == 0 {
+                return Ok(false);
+            }
+        }
+    }
 }
 
 /// Decodes an HTTP/1.1 chunked body as its bytes come: [`Dechunker::feed`] moves what
@@ -409,59 +452,26 @@ impl SseReader {
             "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nAccept: text/event-stream\r\n\r\n"
         );
         let (stream, raw, chunked) = open_200(addr, &req).await?;
-        Ok(SseReader {
-            stream,
-            raw,
-            body: Vec::with_capacity(16 * 1024),
-            chunks: Dechunker::default(),
-            chunked,
-        })
+        Ok(SseReader(Records::new(stream, raw, chunked)))
     }
 
     /// Reads until at least one frame completes (or the stream ends) and appends the
     /// ids of the frames completed to `ids`; false once the stream ended.
     pub async fn read_ids(&mut self, ids: &mut Vec<i64>) -> std::io::Result<bool> {
-        use tokio::io::AsyncReadExt;
-        loop {
-            // Bytes left over (after the head, or a chunk cut by a read) go first; what
-            // they cannot complete waits for the next read.
-            self.dechunk();
-            let before = ids.len();
-            let mut start = 0;
-            while let Some(i) = self.body[start..].windows(2).position(|w| w == b"\n\n") {
-                let frame = &self.body[start..start + i];
-                if let Some(id) = frame
+        self.0
+            .read(b"\n\n", |frame| {
+                let id: Option<i64> = frame
                     .split(|b| *b == b'\n')
                     .find_map(|l| l.strip_prefix(b"id:"))
                     // A dialect's id may go on past the seq (`S.K`, `S:R1,R2`).
                     .and_then(|v| {
                         let v = std::str::from_utf8(v).ok()?.trim();
                         v[..v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len())].parse().ok()
-                    })
-                {
-                    ids.push(id);
-                }
-                start += i + 2;
-            }
-            self.body.drain(..start);
-            if self.chunks.ended() {
-                return Ok(false);
-            }
-            if ids.len() > before {
-                return Ok(true);
-            }
-            if self.stream.read_buf(&mut self.raw).await? == 0 {
-                return Ok(false);
-            }
-        }
-    }
-
-    fn dechunk(&mut self) {
-        if self.chunked {
-            self.chunks.feed(&mut self.raw, &mut self.body);
-        } else {
-            self.body.append(&mut self.raw);
-        }
+                    });
+                ids.extend(id);
+                id.is_some()
+            })
+            .await
     }
 }
 
@@ -472,11 +482,7 @@ impl SseReader {
 /// another, and many-runs' load tool took half a core next to the service (and 91% of
 /// one next to the floor), on the two cores the service needs.
 pub struct BareAppend {
-    stream: tokio::net::TcpStream,
-    raw: Vec<u8>,
-    body: Vec<u8>,
-    chunks: Dechunker,
-    chunked: bool,
+    answer: Records,
     out: Vec<u8>,
 }
 
@@ -532,14 +538,7 @@ impl BareAppend {
              Content-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
         );
         let (stream, raw, chunked) = open_200(addr, &req).await?;
-        Ok(BareAppend {
-            stream,
-            raw,
-            body: Vec::new(),
-            chunks: Dechunker::default(),
-            chunked,
-            out: Vec::new(),
-        })
+        Ok(BareAppend { answer: Records::new(stream, raw, chunked), out: Vec::new() })
     }
 
     /// Writes `line` and a newline as one chunk of the body.
@@ -550,44 +549,26 @@ impl BareAppend {
         write!(self.out, "{:x}\r\n", line.len() + 1)?;
         self.out.extend_from_slice(line);
         self.out.extend_from_slice(b"\n\r\n");
-        self.stream.write_all(&self.out).await
+        self.answer.stream.write_all(&self.out).await
     }
 
     /// Ends the body (its last, empty chunk); the answer goes on until what was sent
     /// has committed.
     pub async fn finish(&mut self) -> std::io::Result<()> {
         use tokio::io::AsyncWriteExt;
-        self.stream.write_all(b"0\r\n\r\n").await
+        self.answer.stream.write_all(b"0\r\n\r\n").await
     }
 
     /// Reads until at least one answer line completes (or the answer ends) and appends
     /// the lines completed to `acks`; false once the answer ended. Cancel-safe: what was
     /// read and not yet a whole line stays for the next call.
     pub async fn read_acks(&mut self, acks: &mut Vec<AckLine>) -> std::io::Result<bool> {
-        use tokio::io::AsyncReadExt;
-        loop {
-            if self.chunked {
-                self.chunks.feed(&mut self.raw, &mut self.body);
-            } else {
-                self.body.append(&mut self.raw);
-            }
-            let before = acks.len();
-            let mut start = 0;
-            while let Some(i) = self.body[start..].iter().position(|b| *b == b'\n') {
-                acks.push(AckLine::parse(&self.body[start..start + i]));
-                start += i + 1;
-            }
-            self.body.drain(..start);
-            if self.chunks.ended() {
-                return Ok(false);
-            }
-            if acks.len() > before {
-                return Ok(true);
-            }
-            if self.stream.read_buf(&mut self.raw).await? == 0 {
-                return Ok(false);
-            }
-        }
+        self.answer
+            .read(b"\n", |line| {
+                acks.push(AckLine::parse(line));
+                true
+            })
+            .await
     }
 }
 

@@ -418,23 +418,35 @@ impl Dechunker {
     }
 }
 
+/// A connection to `addr` (`host:port`) with Nagle off, as every client here has it.
+async fn connect_tcp(addr: &str) -> std::io::Result<tokio::net::TcpStream> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// Reads from `stream` into `raw` until an answer's head is whole; its length.
+async fn read_head(stream: &mut tokio::net::TcpStream, raw: &mut Vec<u8>) -> std::io::Result<usize> {
+    use tokio::io::AsyncReadExt;
+    loop {
+        if let Some(i) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Ok(i + 4);
+        }
+        if stream.read_buf(raw).await? == 0 {
+            return Err(std::io::Error::other("connection closed before the response head"));
+        }
+    }
+}
+
 /// Sends `request` (a whole HTTP/1.1 request head, and no body) to `addr`, reads the
 /// answer's head and checks it is 200: the connection, the bytes read past the head,
 /// and whether the body is chunked.
 async fn open_200(addr: &str, request: &str) -> std::io::Result<(tokio::net::TcpStream, Vec<u8>, bool)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
+    use tokio::io::AsyncWriteExt;
+    let mut stream = connect_tcp(addr).await?;
     stream.write_all(request.as_bytes()).await?;
     let mut raw = Vec::with_capacity(16 * 1024);
-    let head_end = loop {
-        if let Some(i) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        if stream.read_buf(&mut raw).await? == 0 {
-            return Err(std::io::Error::other("connection closed before the response head"));
-        }
-    };
+    let head_end = read_head(&mut stream, &mut raw).await?;
     let head = String::from_utf8_lossy(&raw[..head_end]).to_ascii_lowercase();
     if !head.starts_with("http/1.1 200") {
         let body = String::from_utf8_lossy(&raw[head_end..]).into_owned();
@@ -593,16 +605,9 @@ impl BareConn {
 
     /// Opens a new connection now (after a broken one); whether it opened.
     pub async fn reopen(&mut self) -> bool {
-        self.stream = None;
         self.raw.clear();
-        match tokio::net::TcpStream::connect(&self.addr).await {
-            Ok(s) => {
-                let _ = s.set_nodelay(true);
-                self.stream = Some(s);
-                true
-            }
-            Err(_) => false,
-        }
+        self.stream = connect_tcp(&self.addr).await.ok();
+        self.stream.is_some()
     }
 
     /// `POST path` with a JSON body as `key`, its answer read whole. A broken connection
@@ -621,10 +626,8 @@ impl BareConn {
         let stream = match &mut self.stream {
             Some(s) => s,
             None => {
-                let s = tokio::net::TcpStream::connect(&self.addr).await?;
-                s.set_nodelay(true)?;
                 self.raw.clear();
-                self.stream.insert(s)
+                self.stream.insert(connect_tcp(&self.addr).await?)
             }
         };
         self.out.clear();
@@ -637,15 +640,8 @@ impl BareConn {
         )?;
         self.out.extend_from_slice(json);
         stream.write_all(&self.out).await?;
+        let head_end = read_head(stream, &mut self.raw).await?;
         let closed = || std::io::Error::other("connection closed before the whole answer");
-        let head_end = loop {
-            if let Some(i) = self.raw.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            if stream.read_buf(&mut self.raw).await? == 0 {
-                return Err(closed());
-            }
-        };
         let head = String::from_utf8_lossy(&self.raw[..head_end]).to_ascii_lowercase();
         let status = head
             .split_whitespace()

@@ -644,8 +644,8 @@ impl BareConn {
         let closed = || std::io::Error::other("connection closed before the whole answer");
         let head = String::from_utf8_lossy(&self.raw[..head_end]).to_ascii_lowercase();
         let status = head
-            .split_whitespace()
-            .nth(1)
+            .strip_prefix("http/1.")
+            .and_then(|h| h.split_whitespace().nth(1))
             .and_then(|c| c.parse::<u16>().ok())
             .and_then(|c| hyper::StatusCode::from_u16(c).ok())
             .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {head}")))?;
@@ -658,10 +658,10 @@ impl BareConn {
             let (mut chunks, mut body) = (Dechunker::default(), Vec::new());
             loop {
                 chunks.feed(&mut self.raw, &mut body);
-                if chunks.ended() {
-                    // The last chunk's CRLF (no trailers are sent).
-                    let n = self.raw.len().min(2);
-                    self.raw.drain(..n);
+                // The body ends with the last chunk's CRLF (no trailers are sent), which
+                // may come in a read of its own: left unread, it would open the next answer.
+                if chunks.ended() && self.raw.len() >= 2 {
+                    self.raw.drain(..2);
                     break body;
                 }
                 if stream.read_buf(&mut self.raw).await? == 0 {
@@ -821,5 +821,55 @@ mod tests {
         assert_eq!(bucket_quantile(&before, &after, 0.95), 0.002);
         assert_eq!(bucket_quantile(&before, &after, 1.0), 0.004);
         assert!(bucket_quantile(&before, &before, 0.5).is_nan(), "nothing counted");
+    }
+
+    #[tokio::test]
+    async fn a_bare_connection_reads_a_chunked_answer_split_anywhere_and_the_next_on_the_same_socket() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("port");
+        // One connection, two requests: the first answered chunked in pieces (the last
+        // chunk's CRLF alone in the last one), the second with a length, then closed.
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("accept");
+            let mut got = Vec::new();
+            let mut requests = 0;
+            let mut buf = [0u8; 4096];
+            while requests < 2 {
+                let n = s.read(&mut buf).await.expect("read");
+                assert!(n > 0, "the client closed early");
+                got.extend_from_slice(&buf[..n]);
+                // Each request here carries the 2-byte body `{}` after its head.
+                while let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                    if got.len() < i + 6 {
+                        break;
+                    }
+                    got.drain(..i + 6);
+                    requests += 1;
+                    let pieces: &[&[u8]] = if requests == 1 {
+                        &[
+                            b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel",
+                            b"lo\r\n6\r\n world\r",
+                            b"\n0\r\n",
+                            b"\r\n",
+                        ]
+                    } else {
+                        &[b"HTTP/1.1 404 Not Found\r\nContent-Length: 4\r\nConnection: close\r\n\r\nnope"]
+                    };
+                    for p in pieces {
+                        s.write_all(p).await.expect("write");
+                        s.flush().await.expect("flush");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+        });
+        let mut conn = BareConn::new(&format!("http://{addr}"));
+        let a = conn.post("/x", "k", b"{}").await.expect("the chunked answer");
+        assert_eq!((a.status.as_u16(), &a.body[..]), (201, &b"hello world"[..]));
+        let b = conn.post("/x", "k", b"{}").await.expect("the next answer on the same connection");
+        assert_eq!((b.status.as_u16(), &b.body[..]), (404, &b"nope"[..]));
+        assert!(conn.stream.is_none(), "`Connection: close` drops the connection");
+        server.await.expect("the server saw both requests on one connection");
     }
 }

@@ -747,6 +747,79 @@ async fn enough_single_appends_waiting_behind_a_held_group_commit_in_a_second_on
     }
 }
 
+/// A lane has at most [`GROUPS_IN_FLIGHT`] groups committing: with that many held (the
+/// first behind a run another writer holds, each later one started by
+/// [`SECOND_GROUP_FROM`] appends waiting and holding up behind a run of its own), the
+/// next appends wait; once one held group commits, they go out and commit while the
+/// others still wait.
+///
+/// [`GROUPS_IN_FLIGHT`]: agent_stream::storage::group::GROUPS_IN_FLIGHT
+/// [`SECOND_GROUP_FROM`]: agent_stream::storage::group::SECOND_GROUP_FROM
+#[tokio::test]
+async fn a_lane_commits_up_to_its_groups_in_flight_past_held_ones_and_no_more() {
+    use agent_stream::storage::group::{GROUPS_IN_FLIGHT, SECOND_GROUP_FROM};
+    use std::time::Duration;
+    let t = std::sync::Arc::new(TestApp::new().await);
+    let held = runs_of_a(&t, GROUPS_IN_FLIGHT).await;
+    let mut holders = vec![];
+    for _ in &held {
+        holders.push(t.db.owner().await);
+    }
+    let mut txs = vec![];
+    for (c, run) in holders.iter_mut().zip(&held) {
+        let tx = c.transaction().await.expect("begin");
+        hold_as_a_locked_writer(&tx, &t.tenant_a, run).await;
+        txs.push(tx);
+    }
+    let append = |run: String| {
+        let t = t.clone();
+        tokio::spawn(async move {
+            t.append_ok(&t.key_a, &run, json!([{"type": "custom.tick", "payload": {}}])).await
+        })
+    };
+    let settle = || tokio::time::sleep(Duration::from_millis(300));
+    // The first group: the first held run's append alone.
+    let mut waiting = vec![append(held[0].clone())];
+    settle().await;
+    // Each later group: a held run's append first, then enough to start a group.
+    let mut fresh = vec![];
+    for run in &held[1..] {
+        waiting.push(append(run.clone()));
+        let others = runs_of_a(&t, SECOND_GROUP_FROM - 1).await;
+        waiting.extend(others.iter().map(|r| append(r.clone())));
+        fresh.extend(others);
+        settle().await;
+    }
+    let probe_runs = runs_of_a(&t, SECOND_GROUP_FROM).await;
+    let probe: Vec<_> = probe_runs.iter().map(|r| append(r.clone())).collect();
+    settle().await;
+    assert!(waiting.iter().all(|w| !w.is_finished()), "every held group waits for its run");
+    assert!(probe.iter().all(|p| !p.is_finished()), "no more than {GROUPS_IN_FLIGHT} groups in flight");
+    // The last held group commits; the probe's group goes out in its place and commits
+    // while the others still wait.
+    txs.pop().expect("the last holder").rollback().await.expect("free the last held run");
+    for task in probe {
+        let (seq, _) = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the waiting appends commit once a group in flight ends")
+            .expect("task");
+        assert_eq!(seq, 1);
+    }
+    let first_held_group = &waiting[0];
+    assert!(!first_held_group.is_finished(), "the first group still waits for its run");
+    for tx in txs {
+        tx.rollback().await.expect("free a held run");
+    }
+    for task in waiting {
+        let (seq, _) =
+            tokio::time::timeout(Duration::from_secs(10), task).await.expect("append").expect("task");
+        assert_eq!(seq, 1);
+    }
+    for run in held.iter().chain(&fresh).chain(&probe_runs) {
+        assert_eq!(t.stored_count(&t.tenant_a, run).await, 1, "run {run}: its one event, once");
+    }
+}
+
 /// `n` new runs of tenant a.
 async fn runs_of_a(t: &TestApp, n: usize) -> Vec<String> {
     let mut runs = vec![];

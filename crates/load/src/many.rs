@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::http::Conn;
-use super::support::{self, AckLine, BareAppend, SseReader};
+use super::support::{self, AckLine, BareAppend, BareConn, SseReader};
 use agent_stream::auth::Scope;
 use agent_stream::storage::{db, tenants};
 
@@ -415,7 +415,11 @@ async fn pass(
         let (base, key, run) = (server.base.clone(), key.clone(), run.clone());
         producers.push(tokio::spawn(async move {
             let mut out = Produced::default();
-            let Ok(mut http) = Conn::open(&base).await else { return out };
+            // Opened before the first tick, so no append's time holds a connect.
+            let mut http = BareConn::new(&base);
+            if !http.reopen().await {
+                return out;
+            }
             let path = format!("/v1/runs/{run}/events");
             let mut tick = tokio::time::interval_at(phase(), EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -427,7 +431,7 @@ async fn pass(
                 last = Some(Instant::now());
                 let body = json!([{"type": "text.delta", "payload": {"text": format!("token {n} ")}}]);
                 let at = t0.elapsed().as_micros() as u64;
-                match http.post(&path, &key, body.to_string().into()).await {
+                match http.post(&path, &key, body.to_string().as_bytes()).await {
                     Ok(r) if r.status == 201 => {
                         let ms = (t0.elapsed().as_micros() as u64).saturating_sub(at) as f64 / 1000.0;
                         out.committed.push(ms);

@@ -643,17 +643,11 @@ async fn a_tenant_waiting_on_a_lock_does_not_hold_up_another_tenant_in_its_lane(
     for (tx, run) in [(&tx1, &a1), (&tx2, &a2)] {
         hold_as_a_locked_writer(tx, &t.tenant_a, run).await;
     }
-    let append = |key: String, run: String| {
-        let t = t.clone();
-        tokio::spawn(
-            async move { t.append_ok(&key, &run, json!([{"type": "custom.tick", "payload": {}}])).await },
-        )
-    };
-    let on_a1 = append(t.key_a.clone(), a1.clone());
+    let on_a1 = spawn_tick(&t, &t.key_a, &a1);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let on_a2 = append(t.key_a.clone(), a2.clone());
+    let on_a2 = spawn_tick(&t, &t.key_a, &a2);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let on_b = append(t.key_b.clone(), b.clone());
+    let on_b = spawn_tick(&t, &t.key_b, &b);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !on_a1.is_finished() && !on_a2.is_finished() && !on_b.is_finished(),
@@ -695,11 +689,7 @@ async fn a_tenants_single_appends_to_several_runs_gather_in_one_lane() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(queued.iter().all(|q| !q.is_finished()), "the tenant's appends wait in the held run's lane");
     tx.rollback().await.expect("free the run");
-    for task in std::iter::once(first).chain(queued) {
-        let (seq, _) =
-            tokio::time::timeout(Duration::from_secs(10), task).await.expect("append").expect("task");
-        assert_eq!(seq, 1);
-    }
+    each_writes_its_runs_first_event(std::iter::once(first).chain(queued), "append").await;
     assert_eq!(
         t.app.metrics.commit_groups.load(Relaxed) - groups_before,
         2,
@@ -726,13 +716,7 @@ async fn enough_single_appends_waiting_behind_a_held_group_commit_in_a_second_on
     hold_as_a_locked_writer(&tx, &t.tenant_a, &held).await;
     let groups_before = t.app.metrics.commit_groups.load(Relaxed);
     let (first, queued) = append_behind_a_held_run(&t, &held, &others).await;
-    for task in queued {
-        let (seq, _) = tokio::time::timeout(Duration::from_secs(10), task)
-            .await
-            .expect("the appends behind the held group commit while it waits")
-            .expect("task");
-        assert_eq!(seq, 1);
-    }
+    each_writes_its_runs_first_event(queued, "the appends behind the held group commit while it waits").await;
     assert!(!first.is_finished(), "the held run's append waits for its writer");
     assert_eq!(
         t.app.metrics.commit_groups.load(Relaxed) - groups_before,
@@ -771,50 +755,35 @@ async fn a_lane_commits_up_to_its_groups_in_flight_past_held_ones_and_no_more() 
         hold_as_a_locked_writer(&tx, &t.tenant_a, run).await;
         txs.push(tx);
     }
-    let append = |run: String| {
-        let t = t.clone();
-        tokio::spawn(async move {
-            t.append_ok(&t.key_a, &run, json!([{"type": "custom.tick", "payload": {}}])).await
-        })
-    };
+    let append = |run: &String| spawn_tick(&t, &t.key_a, run);
     let settle = || tokio::time::sleep(Duration::from_millis(300));
     // The first group: the first held run's append alone.
-    let mut waiting = vec![append(held[0].clone())];
+    let mut waiting = vec![append(&held[0])];
     settle().await;
     // Each later group: a held run's append first, then enough to start a group.
     let mut fresh = vec![];
     for run in &held[1..] {
-        waiting.push(append(run.clone()));
+        waiting.push(append(run));
         let others = runs_of_a(&t, SECOND_GROUP_FROM - 1).await;
-        waiting.extend(others.iter().map(|r| append(r.clone())));
+        waiting.extend(others.iter().map(append));
         fresh.extend(others);
         settle().await;
     }
     let probe_runs = runs_of_a(&t, SECOND_GROUP_FROM).await;
-    let probe: Vec<_> = probe_runs.iter().map(|r| append(r.clone())).collect();
+    let probe: Vec<_> = probe_runs.iter().map(append).collect();
     settle().await;
     assert!(waiting.iter().all(|w| !w.is_finished()), "every held group waits for its run");
     assert!(probe.iter().all(|p| !p.is_finished()), "no more than {GROUPS_IN_FLIGHT} groups in flight");
     // The last held group commits; the probe's group goes out in its place and commits
     // while the others still wait.
     txs.pop().expect("the last holder").rollback().await.expect("free the last held run");
-    for task in probe {
-        let (seq, _) = tokio::time::timeout(Duration::from_secs(10), task)
-            .await
-            .expect("the waiting appends commit once a group in flight ends")
-            .expect("task");
-        assert_eq!(seq, 1);
-    }
+    each_writes_its_runs_first_event(probe, "the waiting appends commit once a group in flight ends").await;
     let first_held_group = &waiting[0];
     assert!(!first_held_group.is_finished(), "the first group still waits for its run");
     for tx in txs {
         tx.rollback().await.expect("free a held run");
     }
-    for task in waiting {
-        let (seq, _) =
-            tokio::time::timeout(Duration::from_secs(10), task).await.expect("append").expect("task");
-        assert_eq!(seq, 1);
-    }
+    each_writes_its_runs_first_event(waiting, "append").await;
     for run in held.iter().chain(&fresh).chain(&probe_runs) {
         assert_eq!(t.stored_count(&t.tenant_a, run).await, 1, "run {run}: its one event, once");
     }
@@ -837,15 +806,30 @@ async fn append_behind_a_held_run(
     held: &str,
     others: &[String],
 ) -> (tokio::task::JoinHandle<(i64, i64)>, Vec<tokio::task::JoinHandle<(i64, i64)>>) {
-    let append = |run: String| {
-        let t = t.clone();
-        tokio::spawn(async move {
-            t.append_ok(&t.key_a, &run, json!([{"type": "custom.tick", "payload": {}}])).await
-        })
-    };
-    let first = append(held.to_owned());
+    let first = spawn_tick(t, &t.key_a, held);
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    (first, others.iter().map(|r| append(r.clone())).collect())
+    (first, others.iter().map(|r| spawn_tick(t, &t.key_a, r)).collect())
+}
+
+/// One tick appended to `run` with `key` on a task of its own: the task gives its seqs.
+fn spawn_tick(t: &std::sync::Arc<TestApp>, key: &str, run: &str) -> tokio::task::JoinHandle<(i64, i64)> {
+    let (t, key, run) = (t.clone(), key.to_owned(), run.to_owned());
+    tokio::spawn(
+        async move { t.append_ok(&key, &run, json!([{"type": "custom.tick", "payload": {}}])).await },
+    )
+}
+
+/// Waits up to 10 s for each of `tasks` (an append of one event to a new run; `why` if one
+/// does not end) and checks it wrote its run's first event.
+async fn each_writes_its_runs_first_event(
+    tasks: impl IntoIterator<Item = tokio::task::JoinHandle<(i64, i64)>>,
+    why: &str,
+) {
+    for task in tasks {
+        let (seq, _) =
+            tokio::time::timeout(std::time::Duration::from_secs(10), task).await.expect(why).expect("task");
+        assert_eq!(seq, 1);
+    }
 }
 
 /// Holds `run` as another process's locked writer does: its row lock, then its writer
@@ -873,12 +857,7 @@ async fn commits_past_a_held_row(t: &std::sync::Arc<TestApp>, run: &str) -> bool
     let mut other = t.db.owner().await;
     let tx = other.transaction().await.expect("begin");
     hold_the_row(&tx, &t.tenant_a, run).await;
-    let append = {
-        let (t, run) = (t.clone(), run.to_owned());
-        tokio::spawn(async move {
-            t.append_ok(&t.key_a, &run, json!([{"type": "custom.tick", "payload": {}}])).await
-        })
-    };
+    let append = spawn_tick(t, &t.key_a, run);
     let past = tokio::time::timeout(Duration::from_secs(3), async {
         while !append.is_finished() {
             tokio::time::sleep(Duration::from_millis(10)).await;

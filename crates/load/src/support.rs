@@ -603,7 +603,8 @@ impl BareConn {
         BareConn { addr, stream: None, raw: Vec::with_capacity(4096), out: Vec::with_capacity(1024) }
     }
 
-    /// Opens a new connection now (after a broken one); whether it opened.
+    /// Opens a connection now (before the first request, or after a broken one); whether
+    /// it opened.
     pub async fn reopen(&mut self) -> bool {
         self.raw.clear();
         self.stream = connect_tcp(&self.addr).await.ok();

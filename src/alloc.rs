@@ -4,8 +4,69 @@
 //! malloc, a third of the fold's time went to malloc, free and heap consolidation, and
 //! mimalloc doubled the fold's rate (docs/benchmarks-log.md, `bench fold`).
 
+use std::alloc::{GlobalAlloc, Layout};
+
 /// The global allocator: `#[global_allocator] static A: Allocator = Allocator;`.
-pub use mimalloc::MiMalloc as Allocator;
+///
+/// mimalloc, as the `mimalloc` crate's `MiMalloc` gives it, except that an allocation
+/// whose alignment mimalloc's plain calls already give takes them: `MiMalloc` calls
+/// `mi_malloc_aligned` for every allocation, a longer path for the same block (a single
+/// append makes ~88 allocations; docs/benchmarks-log.md, 2026-12-07 16:58).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Allocator;
+
+/// Whether mimalloc's plain calls return memory aligned for `layout`: blocks are
+/// aligned to their size up to 16 bytes (`MI_MAX_ALIGN_SIZE`), the test mimalloc's own
+/// aligned path makes first (`mi_malloc_is_naturally_aligned`, alloc-aligned.c).
+#[inline]
+fn plain(layout: &Layout) -> bool {
+    layout.align() <= 16 && layout.align() <= layout.size()
+}
+
+// SAFETY: every call forwards to mimalloc, whose blocks satisfy the layouts they are
+// asked for (`plain` is mimalloc's own condition for its unaligned calls); a block is
+// freed or resized only by mimalloc, which takes any block it gave, aligned or not.
+unsafe impl GlobalAlloc for Allocator {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if plain(&layout) {
+            // SAFETY: as the impl's.
+            unsafe { libmimalloc_sys::mi_malloc(layout.size()).cast() }
+        } else {
+            // SAFETY: as the impl's.
+            unsafe { mimalloc::MiMalloc.alloc(layout) }
+        }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if plain(&layout) {
+            // SAFETY: as the impl's.
+            unsafe { libmimalloc_sys::mi_zalloc(layout.size()).cast() }
+        } else {
+            // SAFETY: as the impl's.
+            unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+        }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
+        // SAFETY: `ptr` came from this allocator, i.e. from mimalloc.
+        unsafe { libmimalloc_sys::mi_free(ptr.cast()) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `ptr` came from mimalloc; the new layout keeps `layout`'s alignment.
+        unsafe {
+            if plain(&Layout::from_size_align_unchecked(new_size, layout.align())) {
+                libmimalloc_sys::mi_realloc(ptr.cast(), new_size).cast()
+            } else {
+                mimalloc::MiMalloc.realloc(ptr, layout, new_size)
+            }
+        }
+    }
+}
 
 #[cfg(target_os = "linux")]
 extern "C" {
@@ -77,4 +138,64 @@ pub fn collect_when_idle() {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = due;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Allocator;
+    use std::alloc::{GlobalAlloc, Layout};
+
+    /// A block of `layout` from [`Allocator`], checked for its alignment and filled with
+    /// a pattern.
+    ///
+    /// # Safety
+    /// `layout` has a non-zero size; the caller frees the block.
+    unsafe fn filled(layout: Layout) -> *mut u8 {
+        // SAFETY: as the function's.
+        unsafe {
+            let p = Allocator.alloc(layout);
+            assert!(!p.is_null());
+            assert_eq!(p as usize % layout.align(), 0, "alloc({layout:?})");
+            for i in 0..layout.size() {
+                *p.add(i) = i as u8;
+            }
+            p
+        }
+    }
+
+    /// Every size and alignment a program can ask for in the small sizes (where the
+    /// plain calls are taken) and some beyond: each block is aligned as asked, keeps its
+    /// bytes through a growing and a shrinking `realloc`, and `alloc_zeroed` is zero. A
+    /// plain call taken for an alignment it does not give fails here.
+    #[test]
+    fn every_block_is_aligned_as_asked_and_keeps_its_bytes_through_realloc() {
+        let sizes = (1..=80).chain([96, 100, 127, 128, 200, 1000, 4096, 70_000]);
+        for size in sizes {
+            for align in [1usize, 2, 4, 8, 16, 32, 64, 4096] {
+                let layout = Layout::from_size_align(size, align).expect("a layout");
+                // SAFETY: non-zero sizes; each block is used within its layout and freed
+                // once, with the layout it has then.
+                unsafe {
+                    let zeroed = Allocator.alloc_zeroed(layout);
+                    assert!(!zeroed.is_null());
+                    assert_eq!(zeroed as usize % align, 0, "alloc_zeroed({layout:?})");
+                    assert!(std::slice::from_raw_parts(zeroed, size).iter().all(|b| *b == 0));
+                    Allocator.dealloc(zeroed, layout);
+                    for new_size in [size * 3, size.div_ceil(2)] {
+                        let q = Allocator.realloc(filled(layout), layout, new_size);
+                        assert!(!q.is_null());
+                        assert_eq!(q as usize % align, 0, "realloc({layout:?} -> {new_size})");
+                        for i in 0..size.min(new_size) {
+                            assert_eq!(
+                                *q.add(i),
+                                i as u8,
+                                "byte {i} after realloc({layout:?} -> {new_size})"
+                            );
+                        }
+                        Allocator.dealloc(q, Layout::from_size_align(new_size, align).expect("a layout"));
+                    }
+                }
+            }
+        }
+    }
 }

@@ -15,12 +15,13 @@ use std::alloc::{GlobalAlloc, Layout};
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Allocator;
 
-/// Whether mimalloc's plain calls return memory aligned for `layout`: blocks are
-/// aligned to their size up to 16 bytes (`MI_MAX_ALIGN_SIZE`), the test mimalloc's own
-/// aligned path makes first (`mi_malloc_is_naturally_aligned`, alloc-aligned.c).
+/// Whether mimalloc's plain calls return a block of `size` bytes aligned to `align`:
+/// blocks are aligned to their size up to 16 bytes (`MI_MAX_ALIGN_SIZE`), the test
+/// mimalloc's own aligned path makes first (`mi_malloc_is_naturally_aligned`,
+/// alloc-aligned.c).
 #[inline]
-fn plain(layout: &Layout) -> bool {
-    layout.align() <= 16 && layout.align() <= layout.size()
+fn plain(size: usize, align: usize) -> bool {
+    align <= 16 && align <= size
 }
 
 // SAFETY: every call forwards to mimalloc, whose blocks satisfy the layouts they are
@@ -29,7 +30,7 @@ fn plain(layout: &Layout) -> bool {
 unsafe impl GlobalAlloc for Allocator {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if plain(&layout) {
+        if plain(layout.size(), layout.align()) {
             // SAFETY: as the impl's.
             unsafe { libmimalloc_sys::mi_malloc(layout.size()).cast() }
         } else {
@@ -40,7 +41,7 @@ unsafe impl GlobalAlloc for Allocator {
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if plain(&layout) {
+        if plain(layout.size(), layout.align()) {
             // SAFETY: as the impl's.
             unsafe { libmimalloc_sys::mi_zalloc(layout.size()).cast() }
         } else {
@@ -57,9 +58,9 @@ unsafe impl GlobalAlloc for Allocator {
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: `ptr` came from mimalloc; the new layout keeps `layout`'s alignment.
+        // SAFETY: `ptr` came from mimalloc; the block keeps `layout`'s alignment.
         unsafe {
-            if plain(&Layout::from_size_align_unchecked(new_size, layout.align())) {
+            if plain(new_size, layout.align()) {
                 libmimalloc_sys::mi_realloc(ptr.cast(), new_size).cast()
             } else {
                 mimalloc::MiMalloc.realloc(ptr, layout, new_size)

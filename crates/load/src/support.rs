@@ -334,6 +334,10 @@ impl Records {
     /// whole record stays for the next call.
     async fn read(&mut self, sep: &[u8], mut each: impl FnMut(&[u8]) -> bool) -> std::io::Result<bool> {
         use tokio::io::AsyncReadExt;
+        // A SIMD search, not `windows(..).position(..)`: that compared each position with
+        // a call to memcmp, 31% of the tool's CPU with 1,000 SSE readers, on the two
+        // cores the server under test shares with it.
+        let finder = memchr::memmem::Finder::new(sep);
         loop {
             // Bytes left over (after the head, or a chunk cut by a read) go first; what
             // they cannot complete waits for the next read.
@@ -343,7 +347,7 @@ impl Records {
                 self.body.append(&mut self.raw);
             }
             let (mut start, mut took) = (0, false);
-            while let Some(i) = self.body[start..].windows(sep.len()).position(|w| w == sep) {
+            while let Some(i) = finder.find(&self.body[start..]) {
                 took |= each(&self.body[start..start + i]);
                 start += i + sep.len();
             }

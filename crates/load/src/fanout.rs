@@ -8,7 +8,9 @@
 //! so a saturated server gets fewer, and the table gives the rate reached), and the
 //! backlog gets up to 20 s to drain:
 //! append sent → receipt latency (receipt timed at the socket read, the seq read off
-//! the frame without parsing it), events received against expected, the server's CPU,
+//! the frame without parsing it) and what it is made of (per event: append sent → its
+//! first receipt, and first → last receipt, the sweep over the subscribers), events
+//! received against expected, the server's CPU,
 //! and live-delivery SELECTs per append (from `/metrics`; the producer starts once the
 //! subscribers' joining reads, reported per subscriber, have stopped). The baselines, in the same
 //! run: bare NOTIFY → LISTEN latency between two connections; and, for SSE up to 1,000

@@ -829,6 +829,54 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_sse_reader_finds_every_frame_whatever_the_reads_and_chunks_cut() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("port");
+        // Frames cut inside a chunk's size line, between the two newlines that end a
+        // frame, and inside an `id:` line; a comment frame without an id; a dialect's
+        // id that goes on past the seq; two frames in one chunk.
+        let body: &[&[u8]] = &[
+            b"id: 1\ndata: {}\n\n",
+            b": keep-alive\n\n",
+            b"id: 2\nevent: x\ndata: {\"a\":1}\n\nid: 3.1\ndata: {}\n\n",
+            b"id: 4\ndata: {}\n\n",
+        ];
+        let mut wire =
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                .to_vec();
+        for frame in body {
+            wire.extend_from_slice(format!("{:x}\r\n", frame.len()).as_bytes());
+            wire.extend_from_slice(frame);
+            wire.extend_from_slice(b"\r\n");
+        }
+        wire.extend_from_slice(b"0\r\n\r\n");
+        let text = String::from_utf8(wire.clone()).expect("ascii");
+        let cuts = [
+            text.find("data: {}\n\n").expect("first frame") + 9,
+            text.find(&format!("\r\n{:x}\r\n", body[2].len())).expect("the third size line") + 3,
+            text.find("id: 3").expect("third id") + 2,
+        ];
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("accept");
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await.expect("the request");
+            let mut from = 0;
+            for at in cuts.into_iter().chain([wire.len()]) {
+                s.write_all(&wire[from..at]).await.expect("write");
+                s.flush().await.expect("flush");
+                from = at;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        let mut reader = SseReader::open(&addr.to_string(), "/s", "k").await.expect("open");
+        let mut ids = Vec::new();
+        while reader.read_ids(&mut ids).await.expect("read") {}
+        assert_eq!(ids, [1, 2, 3, 4]);
+        server.await.expect("the server wrote it all");
+    }
+
+    #[tokio::test]
     async fn a_bare_connection_reads_a_chunked_answer_split_anywhere_and_the_next_on_the_same_socket() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");

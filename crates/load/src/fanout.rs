@@ -266,22 +266,20 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
     let mut lat = vec![];
     // Per event, its first and last receipt over the subscribers: what the latency is
     // made of, the way to the first socket against the sweep over all of them.
-    let mut spread: std::collections::HashMap<i64, (u64, u64)> = Default::default();
+    // (sent, first receipt, last receipt) by seq.
+    let mut spread: std::collections::HashMap<i64, (u64, u64, u64)> = Default::default();
     for t in tasks {
         for (seq, at) in t.await.unwrap_or_default() {
             if let Some(s) = sent.get(&seq) {
                 lat.push(at.saturating_sub(*s) as f64 / 1000.0);
-                let e = spread.entry(seq).or_insert((at, at));
-                *e = (e.0.min(at), e.1.max(at));
+                let e = spread.entry(seq).or_insert((*s, at, at));
+                (e.1, e.2) = (e.1.min(at), e.2.max(at));
             }
         }
     }
     let (mut first, mut sweep): (Vec<f64>, Vec<f64>) = spread
-        .iter()
-        .filter_map(|(seq, (lo, hi))| {
-            let s = sent.get(seq)?;
-            Some((lo.saturating_sub(*s) as f64 / 1000.0, hi.saturating_sub(*lo) as f64 / 1000.0))
-        })
+        .values()
+        .map(|(s, lo, hi)| (lo.saturating_sub(*s) as f64 / 1000.0, (hi - lo) as f64 / 1000.0))
         .unzip();
     eprintln!(
         "{} {n}: per event, append sent → first receipt p50 / p99 {:.2} / {:.2} ms; first → last receipt (the sweep) p50 / p99 {:.2} / {:.2} ms",

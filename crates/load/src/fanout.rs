@@ -326,7 +326,8 @@ async fn cell(how: Transport, server: &support::Server, key: &str, n: usize, sec
 const DRAIN: Duration = Duration::from_secs(20);
 
 /// Runs the scenario in `schema` and prints its table. `FANOUT_SIZES=1,100` picks the
-/// subscriber counts (default 1, 100, 1000, 10000).
+/// subscriber counts (default 1, 100, 1000, 10000); `FANOUT_TRANSPORTS=sse,ws,native`
+/// picks the transports (default all three; SSE brings its floor).
 pub async fn run(bin: &Path, url: &str, schema: &str) {
     if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
         let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
@@ -351,7 +352,19 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
     );
     println!("| transport | subscribers | events/s the producer achieved (offered 1,000) | server RSS per subscriber (target ≤ 64 KiB for SSE) | append sent → receipt p50 / p99 / max (ms) | inside the server, event ts → handed to the socket, p50 / p99 (ms, bucket bound) | received / expected | server CPU | server CPU per delivered event | live SELECTs per append | SELECTs per subscriber to join |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    for how in [Transport::Sse, Transport::Ws, Transport::Native] {
+    let transports: Vec<Transport> = match std::env::var("FANOUT_TRANSPORTS") {
+        Ok(v) => v
+            .split(',')
+            .map(|t| match t.trim() {
+                "sse" => Transport::Sse,
+                "ws" => Transport::Ws,
+                "native" => Transport::Native,
+                other => panic!("FANOUT_TRANSPORTS: unknown transport {other:?} (sse, ws, native)"),
+            })
+            .collect(),
+        Err(_) => vec![Transport::Sse, Transport::Ws, Transport::Native],
+    };
+    for how in transports {
         // A fresh server per transport, so one's freed memory does not hide the other's.
         let mut server =
             support::serve(bin, url, schema, &["--append-rate", "0", "--retention-interval", "0"]).await;

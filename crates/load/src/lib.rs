@@ -5,7 +5,7 @@
 //! process so its CPU and memory are read apart from the load generator's.
 //!
 //! Scenarios: `ingest`, `ingest-single`, `fanout`, `export`, `fold`, `slow-readers`,
-//! `stuck`, `join`, `many-runs`; each module's doc says what it measures and against
+//! `stuck`, `join`, `many-runs`, `connect`, `socket-writes`; each module's doc says what it measures and against
 //! what. The ones that need PostgreSQL find it like the tests do (`DATABASE_URL`, else 127.0.0.1:5432, else the
 //! embedded default's private cluster) and work in a schema of their own (dropped at the
 //! end). BENCHMARKS.md keeps the latest figures. [`support`] also serves the criterion
@@ -26,6 +26,7 @@ mod many;
 mod slow;
 mod stuck;
 pub mod support;
+mod writes;
 
 use std::path::Path;
 
@@ -33,7 +34,7 @@ use agent_stream::server::{Database, DbChoice};
 use agent_stream::storage::embedded::default_data_dir;
 
 /// The scenarios, by name.
-pub const SCENARIOS: [&str; 10] = [
+pub const SCENARIOS: [&str; 11] = [
     "ingest",
     "ingest-single",
     "fanout",
@@ -44,6 +45,7 @@ pub const SCENARIOS: [&str; 10] = [
     "join",
     "many-runs",
     "connect",
+    "socket-writes",
 ];
 
 /// The hidden scenario that serves [`floor`] (`--listen ADDR`), started by `fanout`.
@@ -62,6 +64,10 @@ pub async fn run(scenario: &str, bin: &Path) -> anyhow::Result<()> {
     println!("machine: {}", machine());
     if scenario == "fold" {
         fold::run();
+        return Ok(());
+    }
+    if scenario == "socket-writes" {
+        writes::run();
         return Ok(());
     }
     let schema = format!("bench_load_{}", std::process::id());

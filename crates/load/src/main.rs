@@ -48,7 +48,7 @@ fn main() -> anyhow::Result<()> {
         Some(s) => s,
         None => std::env::current_exe()?.with_file_name("agent-stream"),
     };
-    if args.scenario != "fold" && !server.is_file() {
+    if !["fold", "socket-writes"].contains(&args.scenario.as_str()) && !server.is_file() {
         anyhow::bail!(
             "no server binary at {}: build it first with `cargo build --release` (or pass --server)",
             server.display()

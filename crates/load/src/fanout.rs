@@ -329,6 +329,19 @@ const DRAIN: Duration = Duration::from_secs(20);
 /// subscriber counts (default 1, 100, 1000, 10000); `FANOUT_TRANSPORTS=sse,ws,native`
 /// picks the transports (default all three; SSE brings its floor).
 pub async fn run(bin: &Path, url: &str, schema: &str) {
+    // Read first: a mistyped name stops the run before it makes a tenant or a server.
+    let transports: Vec<Transport> = match std::env::var("FANOUT_TRANSPORTS") {
+        Ok(v) => v
+            .split(',')
+            .map(|t| match t.trim() {
+                "sse" => Transport::Sse,
+                "ws" => Transport::Ws,
+                "native" => Transport::Native,
+                other => panic!("FANOUT_TRANSPORTS: unknown transport {other:?} (known: sse, ws, native)"),
+            })
+            .collect(),
+        Err(_) => vec![Transport::Sse, Transport::Ws, Transport::Native],
+    };
     if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
         let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
     }
@@ -352,18 +365,6 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
     );
     println!("| transport | subscribers | events/s the producer achieved (offered 1,000) | server RSS per subscriber (target ≤ 64 KiB for SSE) | append sent → receipt p50 / p99 / max (ms) | inside the server, event ts → handed to the socket, p50 / p99 (ms, bucket bound) | received / expected | server CPU | server CPU per delivered event | live SELECTs per append | SELECTs per subscriber to join |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    let transports: Vec<Transport> = match std::env::var("FANOUT_TRANSPORTS") {
-        Ok(v) => v
-            .split(',')
-            .map(|t| match t.trim() {
-                "sse" => Transport::Sse,
-                "ws" => Transport::Ws,
-                "native" => Transport::Native,
-                other => panic!("FANOUT_TRANSPORTS: unknown transport {other:?} (sse, ws, native)"),
-            })
-            .collect(),
-        Err(_) => vec![Transport::Sse, Transport::Ws, Transport::Native],
-    };
     for how in transports {
         // A fresh server per transport, so one's freed memory does not hide the other's.
         let mut server =

@@ -5,11 +5,12 @@
 //! process so its CPU and memory are read apart from the load generator's.
 //!
 //! Scenarios: `ingest`, `ingest-single`, `fanout`, `export`, `fold`, `slow-readers`,
-//! `stuck`, `join`, `many-runs`, `connect`, `socket-writes`; each module's doc says what it measures and against
-//! what. The ones that need PostgreSQL find it like the tests do (`DATABASE_URL`, else 127.0.0.1:5432, else the
-//! embedded default's private cluster) and work in a schema of their own (dropped at the
-//! end). BENCHMARKS.md keeps the latest figures. [`support`] also serves the criterion
-//! benches (`cargo bench -p agent-stream-load --bench <name>`).
+//! `stuck`, `join`, `many-runs`, `connect`, `socket-writes`; each module's doc says what
+//! it measures and against what. The ones that need PostgreSQL find it like the tests do
+//! (`DATABASE_URL`, else 127.0.0.1:5432, else the embedded default's private cluster) and
+//! work in a schema of their own (dropped at the end). BENCHMARKS.md keeps the latest
+//! figures. [`support`] also serves the criterion benches (`cargo bench -p
+//! agent-stream-load --bench <name>`).
 
 #![warn(missing_docs)]
 

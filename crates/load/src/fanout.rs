@@ -342,9 +342,7 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
             .collect(),
         Err(_) => vec![Transport::Sse, Transport::Ws, Transport::Native],
     };
-    if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
-        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
-    }
+    support::raise_open_files();
     let mut owner = db::connect_owner(url, schema).await.expect("owner");
     let key = tenants::create_tenant(&mut owner, "fanout", &[Scope::Read, Scope::Write])
         .await

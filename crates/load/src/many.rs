@@ -183,9 +183,7 @@ pub async fn run(bin: &Path, url: &str, schema: &str) {
 
 /// One pass: single appends (`streaming` false) or one streaming append per run.
 async fn run_mode(bin: &Path, url: &str, schema: &str, streaming: bool) {
-    if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
-        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
-    }
+    support::raise_open_files();
     let runs: usize = std::env::var("MANY_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000);
     let secs: u64 = std::env::var("MANY_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
     let mut owner = db::connect_owner(url, schema).await.expect("owner");

@@ -161,6 +161,15 @@ pub fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// Raises this process's open-file limit to its hard limit, for scenarios that hold
+/// a socket per subscriber (1,000 and more); left as it is where it cannot be raised.
+pub fn raise_open_files() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
 /// A `/proc/<pid>/stat` line's command name and CPU seconds: (its own user + system,
 /// that of its children it has reaped).
 fn stat_cpu(stat: &str) -> Option<(&str, f64, f64)> {

@@ -19,6 +19,8 @@ use std::io::{IoSlice, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use super::support;
+
 /// Connections written to, as `fanout`'s 1,000 subscribers.
 const SOCKETS: usize = 1_000;
 /// Bytes of frames in a page (the service's page of 10 ticks is ~2,010).
@@ -43,9 +45,7 @@ enum How {
 
 /// Runs the scenario and prints its table.
 pub fn run() {
-    if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
-        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
-    }
+    support::raise_open_files();
     let (mut writers, reader) = connect();
     let frames: Vec<u8> = (0..PAGE).map(|i| if i % 200 == 199 { b'\n' } else { b'x' }).collect();
     let size_line = format!("{PAGE:x}\r\n").into_bytes();
@@ -92,14 +92,10 @@ pub fn run() {
     );
     println!("| write | state touched per connection | writer's CPU per write (µs), median (min–max) | less the state alone | vs one buffer, no state |");
     println!("|---|---|---|---|---|");
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+    let medians: Vec<f64> = cpu.iter().map(|v| support::pct(&mut v.clone(), 0.5)).collect();
     let touch_of =
-        |state: usize| modes.iter().position(|&m| m == (How::Touch, state)).map_or(0.0, |i| median(&cpu[i]));
-    let base = median(&cpu[0]);
+        |state: usize| modes.iter().position(|&m| m == (How::Touch, state)).map_or(0.0, |i| medians[i]);
+    let base = medians[0];
     for (m, &(how, state)) in modes.iter().enumerate() {
         let v = &cpu[m];
         let (lo, hi) = (v.iter().copied().fold(f64::MAX, f64::min), v.iter().copied().fold(0.0, f64::max));
@@ -111,11 +107,11 @@ pub fn run() {
         let (net, ratio) = match how {
             How::Touch => ("-".to_owned(), "-".to_owned()),
             _ => {
-                let net = median(v) - touch_of(state);
+                let net = medians[m] - touch_of(state);
                 (format!("{net:.2}"), format!("{:.2}", net / base))
             }
         };
-        println!("| {name} | {} KiB | {:.2} ({lo:.2}–{hi:.2}) | {net} | {ratio} |", state >> 10, median(v));
+        println!("| {name} | {} KiB | {:.2} ({lo:.2}–{hi:.2}) | {net} | {ratio} |", state >> 10, medians[m]);
     }
     if read != expected {
         println!("not every byte came back: the figures above are not comparable");
@@ -178,7 +174,8 @@ fn touch(state: &mut [u8]) {
 }
 
 /// Writes the chunk as three slices, as hyper queues a chunk: its size line, its
-/// frames, its CRLF (one `writev` unless the socket takes less).
+/// frames, its CRLF (one `writev` unless the socket takes less). By hand because std's
+/// `Write::write_all_vectored` is not stable.
 fn write_all_vectored(w: &mut TcpStream, size_line: &[u8], frames: &[u8]) -> std::io::Result<()> {
     let crlf = b"\r\n";
     let mut parts = [IoSlice::new(size_line), IoSlice::new(frames), IoSlice::new(crlf)];
